@@ -1,0 +1,75 @@
+"""merlin_flow: AI coding jobs as durable workflows.
+
+A TaskList of typed steps runs as a Celery chain; each step is an LLM agent working in a
+git worktree, checked by an exit command, fixed or escalated to a stronger model tier.
+
+The public API is listed in ``__all__``, grouped by concept. Names are imported lazily so
+that ``import merlin_flow`` (and ``merlin --help``) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # TaskLists
+    "TaskList": "merlin_flow.tasklist",
+    "TaskStep": "merlin_flow.tasklist",
+    "StepType": "merlin_flow.tasklist",
+    "StepStatus": "merlin_flow.tasklist",
+    "TaskListStatus": "merlin_flow.tasklist",
+    "Progress": "merlin_flow.tasklist",
+    "load_tasklist": "merlin_flow.tasklist",
+    "parse_tasklist": "merlin_flow.tasklist",
+    # Configuration
+    "MerlinConfig": "merlin_flow.config",
+    "Tier": "merlin_flow.config",
+    "Limits": "merlin_flow.config",
+    "load_config": "merlin_flow.config",
+    "Settings": "merlin_flow.settings",
+    "get_settings": "merlin_flow.settings",
+    # Jobs
+    "create_job": "merlin_flow.jobs",
+    "job_view": "merlin_flow.jobs",
+    "list_jobs": "merlin_flow.jobs",
+    "enqueue_job": "merlin_flow.workflow",
+    # Agent, tools, models
+    "Toolbox": "merlin_flow.tools",
+    "run_agent": "merlin_flow.agent",
+    "Script": "merlin_flow.scripted",
+    "load_script": "merlin_flow.scripted",
+    # Escalation
+    "AttemptKind": "merlin_flow.escalation",
+    "NextAttempt": "merlin_flow.escalation",
+    "decide": "merlin_flow.escalation",
+    # Errors
+    "MerlinError": "merlin_flow.errors",
+    "InputError": "merlin_flow.errors",
+    "TaskListError": "merlin_flow.errors",
+    "ConfigError": "merlin_flow.errors",
+    "RepositoryError": "merlin_flow.errors",
+    "JobNotFoundError": "merlin_flow.errors",
+    "StoreError": "merlin_flow.errors",
+    "GitError": "merlin_flow.errors",
+    "StepFailure": "merlin_flow.errors",
+    "AgentError": "merlin_flow.errors",
+    "LeaseLost": "merlin_flow.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'merlin_flow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,311 @@
+"""The ``merlin`` command line.
+
+Exit codes: 0 success, 1 the job failed (or an internal error), 2 bad input (a usage
+error, an invalid TaskList or config, a path that is not a git work tree...). Heavy
+modules (SQLAlchemy, Celery, litellm) are imported inside the commands, so that
+``merlin --help`` starts at once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from merlin_flow.errors import MerlinError
+
+if TYPE_CHECKING:
+    from merlin_flow.settings import Settings
+    from merlin_flow.store import Database
+
+app = typer.Typer(
+    name="merlin",
+    help="Run AI coding jobs as durable workflows: typed steps, verified, escalated.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+db_app = typer.Typer(help="Manage merlin's database.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+RepoOption = Annotated[
+    Path, typer.Option("--repo", help="The git repository to work on.", show_default="current dir")
+]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="merlin.toml to use instead of <repo>/merlin.toml.")
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+TaskListArg = Annotated[Path, typer.Argument(help="TaskList file (YAML or JSON).")]
+
+
+def _guarded(work: Callable[[], T]) -> T:
+    try:
+        return work()
+    except MerlinError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _state() -> tuple[Settings, Database]:
+    from merlin_flow.settings import get_settings
+    from merlin_flow.store import open_database
+
+    settings = get_settings()
+    return settings, open_database(settings.database)
+
+
+def _prepare(tasklist_path: Path, repo: Path, config_path: Path | None) -> tuple[Any, ...]:
+    """Validate input and create the job; nothing is enqueued yet."""
+    from merlin_flow.config import load_config
+    from merlin_flow.jobs import create_job
+    from merlin_flow.tasklist import load_tasklist
+    from merlin_flow.workspace import find_repository
+
+    tasklist = load_tasklist(tasklist_path)
+    tasklist.check_submittable()
+    top = find_repository(repo)
+    config = load_config(top, config_path)
+    settings, db = _state()
+    job_id = create_job(db, settings, tasklist, top, config)
+    return settings, db, job_id
+
+
+def _finish(db: Database, job_id: str, as_json: bool, wait: bool = True) -> None:
+    from merlin_flow.cli.render import follow, steps_table
+    from merlin_flow.jobs import events_since, job_view
+
+    if as_json:
+        view = _wait_quietly(db, job_id) if wait else job_view(db, job_id)
+        console.print_json(json.dumps(view))
+    else:
+        view = follow(
+            console, lambda: job_view(db, job_id), lambda after: events_since(db, job_id, after)
+        )
+        if not console.is_terminal:
+            console.print(steps_table(view))
+        _print_outcome(view)
+    if view["status"] != "completed":
+        raise typer.Exit(1)
+
+
+def _wait_quietly(db: Database, job_id: str) -> dict[str, Any]:
+    import time
+
+    from merlin_flow.jobs import job_view
+
+    while (view := job_view(db, job_id))["finished_at"] is None:
+        time.sleep(0.3)
+    return view
+
+
+def _print_outcome(view: dict[str, Any]) -> None:
+    if view["status"] == "completed":
+        console.print(f"[green]job {view['id']} completed[/]: branch [bold]{view['branch']}[/]")
+    else:
+        console.print(f"[red]job {view['id']} {view['status']}[/]: {view['error'] or ''}")
+    if view["patch"]:
+        console.print(f"patch: {view['patch']}")
+
+
+@app.command()
+def run(
+    tasklist: TaskListArg,
+    repo: RepoOption = Path("."),
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit a TaskList and work it in this process, with live progress."""
+
+    def work() -> None:
+        settings, db, job_id = _prepare(tasklist, repo, config)
+        _run_embedded(settings, db, job_id, as_json)
+
+    _guarded(work)
+
+
+def _run_embedded(settings: Settings, db: Database, job_id: str, as_json: bool) -> None:
+    from merlin_flow.workflow import enqueue_job
+    from workers.app import app as celery_app
+    from workers.roles import EmbeddedWorker
+
+    worker = EmbeddedWorker(celery_app)
+    enqueue_job(db, job_id)
+    if not as_json:
+        console.print(f"job [bold]{job_id}[/] submitted; working it in this process")
+    worker.start()
+    try:
+        _finish(db, job_id, as_json)
+    finally:
+        worker.stop()
+
+
+@app.command()
+def submit(
+    tasklist: TaskListArg,
+    repo: RepoOption = Path("."),
+    config: ConfigOption = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Enqueue a TaskList for the workers (`merlin worker`) and print the job id."""
+
+    def work() -> None:
+        from merlin_flow.workflow import enqueue_job
+        from workers.app import app as celery_app
+
+        _settings, db, job_id = _prepare(tasklist, repo, config)
+        celery_app.set_default()
+        enqueue_job(db, job_id)
+        if as_json:
+            if not wait:
+                console.print_json(json.dumps({"job_id": job_id}))
+        else:
+            console.print(job_id)
+        if wait:
+            _finish(db, job_id, as_json)
+
+    _guarded(work)
+
+
+@app.command()
+def worker(
+    queues: Annotated[
+        str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")
+    ] = "control,llm,verify",
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", help="Worker processes.", min=1)
+    ] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+) -> None:
+    """Run a Celery worker for merlin's queues (prefork pool)."""
+    import uuid
+
+    from workers.app import app as celery_app
+
+    argv = [
+        "worker",
+        f"--queues={queues}",
+        f"--loglevel={loglevel}",
+        f"--hostname=merlin-{uuid.uuid4().hex[:6]}@%h",
+        "--pool=prefork",
+    ]
+    if concurrency:
+        argv.append(f"--concurrency={concurrency}")
+    celery_app.worker_main(argv)
+
+
+@app.command()
+def status(
+    job_id: Annotated[str, typer.Argument(help="The job id.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Show a job: status, steps, tiers, attempts, exit codes."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import steps_table
+        from merlin_flow.jobs import job_view
+
+        _, db = _state()
+        view = job_view(db, job_id)
+        if as_json:
+            console.print_json(json.dumps(view))
+            return
+        console.print(steps_table(view))
+        console.print(f"branch: {view['branch']}")
+        if view["error"]:
+            console.print(f"[red]error:[/] {view['error']}")
+        if view["patch"]:
+            console.print(f"patch: {view['patch']}")
+
+    _guarded(work)
+
+
+@app.command("list")
+def list_(as_json: JsonOption = False) -> None:
+    """List recent jobs, newest first."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import jobs_table
+        from merlin_flow.jobs import list_jobs
+
+        _, db = _state()
+        jobs = list_jobs(db)
+        if as_json:
+            console.print_json(json.dumps(jobs))
+        else:
+            console.print(jobs_table(jobs))
+
+    _guarded(work)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Create or upgrade the schema of MERLIN_DATABASE_URL to the newest revision."""
+
+    def work() -> None:
+        from merlin_flow.settings import get_settings
+        from merlin_flow.store import Database, upgrade
+        from merlin_flow.store.database import current_revision
+
+        settings = get_settings()
+        db = Database(settings.database)
+        upgrade(db)
+        console.print(f"database at revision {current_revision(db)}: {db.engine.url!r}")
+
+    _guarded(work)
+
+
+@app.command()
+def demo() -> None:
+    """Run a bundled 3-step job with scripted models, showing a tier escalation."""
+
+    def work() -> None:
+        from merlin_flow.demo import prepare_demo
+        from merlin_flow.jobs import create_job
+
+        settings, db = _state()
+        demo_repo, tasklist, config = prepare_demo()
+
+        console.rule("merlin demo")
+        console.print(
+            "[bold yellow]Models are scripted[/]: offline and deterministic, replaying "
+            "examples/demo/*.yaml. The demo shows the workflow (verify, fix, escalate), "
+            "not model quality."
+        )
+        console.print(f"throwaway repository: {demo_repo}")
+        job_id = create_job(db, settings, tasklist, demo_repo, config)
+        try:
+            _run_embedded(settings, db, job_id, as_json=False)
+        finally:
+            _show_diff(db, job_id)
+
+    _guarded(work)
+
+
+def _show_diff(db: Database, job_id: str) -> None:
+    from rich.syntax import Syntax
+
+    from merlin_flow.jobs import job_view
+
+    view = job_view(db, job_id)
+    if view["patch"] and Path(view["patch"]).is_file():
+        console.rule(f"diff of {view['branch']}")
+        console.print(Syntax(Path(view["patch"]).read_text(), "diff", theme="ansi_dark"))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)

@@ -1,0 +1,133 @@
+"""Rich rendering for the CLI: the steps table, job lists, and live progress."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {
+    "Completed": "green",
+    "completed": "green",
+    "Failed": "red",
+    "failed": "red",
+    "InProgress": "yellow",
+    "running": "yellow",
+    "Pending": "dim",
+    "pending": "dim",
+    "Skipped": "dim",
+    "cancelled": "magenta",
+}
+ATTEMPT_MARK = {"passed": "✓", "failed": "✗", "error": "✗", "running": "…", "committed": "?"}
+
+
+def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
+    text = Text()
+    for index, attempt in enumerate(attempts):
+        if index:
+            text.append("  ")
+        style = (
+            "green"
+            if attempt["status"] == "passed"
+            else "red"
+            if attempt["status"]
+            in (
+                "failed",
+                "error",
+            )
+            else "yellow"
+        )
+        mark = ATTEMPT_MARK.get(attempt["status"], "?")
+        code = "" if attempt["exit_code"] is None else f" exit {attempt['exit_code']}"
+        text.append(f"{attempt['kind']}@{attempt['tier']}{code} {mark}", style=style)
+    return text
+
+
+def steps_table(view: dict[str, Any]) -> Table:
+    """One row per step: status, current tier, attempts with their tiers and exit codes."""
+    status = view["status"]
+    title = (
+        f"job {view['id']} · {view['title']} · "
+        f"[{STATUS_STYLE.get(status, '')}]{status}[/] · ${view['cost_usd']:.4f}"
+    )
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("step")
+    table.add_column("type")
+    table.add_column("status")
+    table.add_column("tier")
+    table.add_column("attempts (kind@tier, exit code)")
+    table.add_column("exit command", overflow="fold")
+    for step in view["steps"]:
+        table.add_row(
+            step["id"],
+            step["step_type"],
+            Text(step["status"], style=STATUS_STYLE.get(step["status"], "")),
+            step["tier"] or "",
+            _attempts_cell(step["attempts"]),
+            step["exit_command"],
+        )
+    return table
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+    """One row per job, newest first."""
+    table = Table(title="jobs", title_justify="left")
+    for column in ("id", "status", "title", "repo", "created"):
+        table.add_column(column)
+    for job in jobs:
+        table.add_row(
+            job["id"],
+            Text(job["status"], style=STATUS_STYLE.get(job["status"], "")),
+            job["title"],
+            job["repo"],
+            job["created_at"] or "",
+        )
+    return table
+
+
+def follow(
+    console: Console,
+    load_view: Callable[[], dict[str, Any]],
+    load_events: Callable[[int], list[dict[str, Any]]],
+    poll: float = 0.3,
+) -> dict[str, Any]:
+    """Show progress until the job is finished; returns its final view.
+
+    On a terminal the steps table updates in place; elsewhere (CI logs, pipes) each
+    event is printed as a line as it happens.
+    """
+    last_event = 0
+    view = load_view()
+    if console.is_terminal:
+        with Live(steps_table(view), console=console, refresh_per_second=8) as live:
+            while view["finished_at"] is None:
+                time.sleep(poll)
+                view = load_view()
+                events = load_events(last_event)
+                if events:
+                    last_event = events[-1]["id"]
+                live.update(Group(steps_table(view), _events_text(events[-3:])))
+            live.update(steps_table(view))
+        return view
+    while True:
+        for event in load_events(last_event):
+            last_event = event["id"]
+            console.print(_event_line(event), highlight=False)
+        if view["finished_at"] is not None:
+            return view
+        time.sleep(poll)
+        view = load_view()
+
+
+def _event_line(event: dict[str, Any]) -> str:
+    where = f"[{event['step_key']}] " if event["step_key"] else ""
+    return f"{event['created_at'][11:19]} {where}{event['message']}"
+
+
+def _events_text(events: list[dict[str, Any]]) -> Text:
+    return Text("\n".join(_event_line(e) for e in events), style="dim")

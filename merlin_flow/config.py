@@ -1,0 +1,175 @@
+"""Job configuration: model tiers, exit commands and limits, read from ``merlin.toml``.
+
+The shipped defaults are ``config/merlin.toml``. A repository's own ``merlin.toml`` (or
+``--config FILE``) is laid over them: ``[[tiers]]`` replaces the whole list, and the
+``[exit_commands]`` and ``[limits]`` tables merge key by key. The resolved configuration is
+stored with each job, so every worker runs the job with the configuration it was
+submitted with.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from merlin_flow.errors import ConfigError
+from merlin_flow.resources import resource_dir
+from merlin_flow.tasklist import StepType
+
+CONFIG_FILE_NAME = "merlin.toml"
+SCRIPTED_PREFIX = "scripted/"
+
+
+class Tier(BaseModel):
+    """One model tier: a litellm model string with its price and limits."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1)
+    """Name used in TaskLists (`tier:`), reports and escalation records."""
+    model: str = Field(min_length=1)
+    """litellm model string, e.g. `anthropic/claude-sonnet-4-5` or `scripted/local.yaml`."""
+    price_in: float | None = Field(default=None, ge=0)
+    """USD per million input tokens; overrides litellm's price map when set."""
+    price_out: float | None = Field(default=None, ge=0)
+    """USD per million output tokens; overrides litellm's price map when set."""
+    max_tokens: int | None = Field(default=None, gt=0)
+    """Upper bound on completion tokens per call (provider default when unset)."""
+    timeout: float = Field(default=600.0, gt=0)
+    """Seconds before one model request is abandoned."""
+
+    @property
+    def is_scripted(self) -> bool:
+        """True for the offline scripted model."""
+        return self.model.startswith(SCRIPTED_PREFIX)
+
+
+class Limits(BaseModel):
+    """Bounds on how hard merlin tries, and how it detects lost workers."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    fix_attempts: int = Field(default=1, ge=0)
+    """Fix attempts on the same tier after a failed verification, before escalating."""
+    max_turns: int = Field(default=20, ge=1)
+    """Model replies per attempt before the attempt fails with 'turn limit'."""
+    exit_command_timeout: float = Field(default=600.0, gt=0)
+    """Seconds an exit command may run before its whole process group is killed."""
+    tool_command_timeout: float = Field(default=120.0, gt=0)
+    """Upper bound, in seconds, on one `run_command` tool call."""
+    max_recoveries: int = Field(default=3, ge=0)
+    """Times a step may be recovered from a lost worker before it fails as 'worker lost'."""
+    lease_seconds: float = Field(default=60.0, gt=0)
+    """A worker's claim on a step lasts this long; it renews it every third of it."""
+
+
+class MerlinConfig(BaseModel):
+    """Everything a job needs to know about models, exit commands and limits."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    tiers: list[Tier] = Field(min_length=1)
+    """Model tiers, cheapest first; escalation moves down this list."""
+    exit_commands: dict[StepType, str] = Field(default_factory=dict)
+    """Exit command per step type, overriding the project kind's defaults."""
+    shell: bool = False
+    """Run exit commands through `/bin/sh -c` instead of splitting them with shlex."""
+    limits: Limits = Field(default_factory=Limits)
+    """Retry, turn and timeout limits."""
+    source: str | None = None
+    """The file the configuration was read from (set by the loader)."""
+
+    @model_validator(mode="after")
+    def _unique_tier_names(self) -> Self:
+        names = [tier.name for tier in self.tiers]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"tier names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    def tier_index(self, name: str) -> int:
+        """Position of the tier called ``name``; ConfigError if there is none."""
+        for index, tier in enumerate(self.tiers):
+            if tier.name == name:
+                return index
+        known = ", ".join(tier.name for tier in self.tiers)
+        raise ConfigError(f"unknown tier {name!r}; configured tiers: {known}")
+
+
+def load_config(repo: Path | None = None, config_path: Path | None = None) -> MerlinConfig:
+    """Load the defaults, then ``config_path`` or ``<repo>/merlin.toml`` over them."""
+    defaults_file = resource_dir("config") / CONFIG_FILE_NAME
+    data = _read_toml(defaults_file)
+    _resolve_scripted_paths(data, defaults_file.parent)
+    source: Path | None = None
+    if config_path is not None:
+        source = config_path.expanduser().resolve()
+        if not source.is_file():
+            raise ConfigError(f"config file not found: {config_path}")
+    elif repo is not None and (repo / CONFIG_FILE_NAME).is_file():
+        source = (repo / CONFIG_FILE_NAME).resolve()
+    if source is not None:
+        overlay = _read_toml(source)
+        _resolve_scripted_paths(overlay, source.parent)
+        data = _merge(data, overlay)
+        data["source"] = str(source)
+    try:
+        config = MerlinConfig.model_validate(data)
+    except ValidationError as exc:
+        where = source or defaults_file
+        problems = "\n".join(
+            f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"{where}: invalid configuration\n{problems}") from None
+    check_scripted_files(config)
+    return config
+
+
+def check_scripted_files(config: MerlinConfig) -> None:
+    """Raise ConfigError when a scripted tier's script is missing or invalid."""
+    from merlin_flow.scripted import load_script
+
+    for tier in config.tiers:
+        if tier.is_scripted:
+            try:
+                load_script(tier.model.removeprefix(SCRIPTED_PREFIX))
+            except ConfigError as exc:
+                raise ConfigError(f"tier {tier.name!r}: {exc}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+
+
+def _resolve_scripted_paths(data: dict[str, Any], base: Path) -> None:
+    """Make ``scripted/<relative path>`` models absolute, relative to the config's folder."""
+    tiers = data.get("tiers")
+    if not isinstance(tiers, list):
+        return
+    for tier in tiers:
+        model = tier.get("model") if isinstance(tier, dict) else None
+        if isinstance(model, str) and model.startswith(SCRIPTED_PREFIX):
+            script = Path(model.removeprefix(SCRIPTED_PREFIX)).expanduser()
+            if not script.is_absolute():
+                script = base / script
+            tier["model"] = SCRIPTED_PREFIX + str(script.resolve())
+
+
+def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged

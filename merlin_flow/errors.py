@@ -1,0 +1,72 @@
+"""Every error merlin_flow raises, under one base class.
+
+The tree is shallow and split by who must act::
+
+    MerlinError                  base of everything below
+    ├── InputError               the user's input is wrong (CLI exit code 2)
+    │   ├── TaskListError        a TaskList file is invalid
+    │   ├── ConfigError          merlin.toml is invalid (unknown tier, missing script...)
+    │   ├── RepositoryError      --repo is not a usable git work tree
+    │   └── JobNotFoundError     no job has the given id
+    ├── StoreError               the database cannot be used (schema not upgraded...)
+    ├── GitError                 a git command failed unexpectedly
+    ├── StepFailure              a run failure of one attempt, recorded on the attempt
+    │   └── AgentError           the agent could not finish (turn limit, model error)
+    └── LeaseLost                control flow: another worker owns the step now
+
+User mistakes (``InputError``) are reported and nothing is enqueued. Run failures
+(``StepFailure``) never escape a task: they are written to the attempt row and drive the
+fix / escalate decision. ``LeaseLost`` stops a task that must not continue.
+"""
+
+from __future__ import annotations
+
+
+class MerlinError(Exception):
+    """Base class of every error raised by merlin_flow."""
+
+    exit_code = 1
+
+
+class InputError(MerlinError):
+    """The user's input is wrong; nothing was enqueued or written."""
+
+    exit_code = 2
+
+
+class TaskListError(InputError):
+    """A TaskList file cannot be read or does not validate."""
+
+
+class ConfigError(InputError):
+    """The configuration (merlin.toml, environment) is invalid."""
+
+
+class RepositoryError(InputError):
+    """The repository path is not a git work tree with at least one commit."""
+
+
+class JobNotFoundError(InputError):
+    """No job with the given id exists in the store."""
+
+
+class StoreError(MerlinError):
+    """The database is unreachable or its schema is not at the current revision."""
+
+    exit_code = 2
+
+
+class GitError(MerlinError):
+    """A git command failed where it was expected to succeed."""
+
+
+class StepFailure(MerlinError):
+    """One attempt of a step failed; the reason is recorded on the attempt."""
+
+
+class AgentError(StepFailure):
+    """The agent loop ended without finishing: turn limit, model error, no scripted reply."""
+
+
+class LeaseLost(MerlinError):
+    """Another worker holds the step's lease, so this task must stop."""

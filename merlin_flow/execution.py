@@ -1,0 +1,515 @@
+"""The work of the step, verify and finalize tasks, over the store and git (no Celery).
+
+Each function starts from the database: a task delivered twice, or again after a crash,
+finds out there what already happened and does only what is left. Every write that ends
+a phase is conditional on still holding the step's lease (see ``merlin_flow.leases``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from merlin_flow.agent import StepBrief, run_agent
+from merlin_flow.config import MerlinConfig
+from merlin_flow.errors import AgentError, LeaseLost
+from merlin_flow.escalation import AttemptKind, decide, failure_reason, feedback_for
+from merlin_flow.leases import Heartbeat, claim, new_token, queued_values
+from merlin_flow.llm import Completion
+from merlin_flow.settings import Settings
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
+from merlin_flow.tasklist import FINISHED_STEP_STATUSES, StepStatus
+from merlin_flow.tools import Toolbox
+from merlin_flow.verify import run_exit_command
+from merlin_flow.workspace import (
+    add_worktree,
+    advance_branch,
+    attempt_ref,
+    commit_all,
+    diff,
+    remove_worktree,
+    resolve_ref,
+    set_ref,
+    write_excludes_file,
+)
+
+log = logging.getLogger(__name__)
+
+FINAL_JOB_STATUSES = frozenset({"completed", "failed", "cancelled"})
+
+
+class Outcome(StrEnum):
+    """What the task wrapper does after the work."""
+
+    CONTINUE = "continue"
+    """Done; let the chain go on."""
+    RETRY = "retry"
+    """Verification failed and another attempt is planned: run step + verify again."""
+    STOP = "stop"
+    """Nothing (more) for this message to do: stop the chain."""
+
+
+def add_event(
+    session: Session,
+    job_id: str,
+    event: str,
+    message: str,
+    step_key: str | None = None,
+    **data: Any,
+) -> None:
+    """Append an event to the job's history."""
+    session.add(Event(job_id=job_id, step_key=step_key, kind=event, message=message, data=data))
+
+
+@dataclass(frozen=True)
+class _AttemptPlan:
+    attempt_id: int
+    number: int
+    kind: str
+    tier_index: int
+    start_commit: str
+    feedback: str | None
+    calls_so_far: int
+
+
+def _load(session: Session, job_id: str, step_key: str) -> tuple[Job | None, Step | None]:
+    job = session.get(Job, job_id)
+    if job is None:
+        return None, None
+    step = session.scalars(select(Step).where(Step.job_id == job_id, Step.key == step_key)).first()
+    return job, step
+
+
+def _settle(session: Session, step_id: int, token: str, **values: Any) -> None:
+    """Write ``values`` to the step only while we hold its lease; LeaseLost otherwise."""
+    result = session.execute(
+        update(Step)
+        .where(Step.id == step_id, Step.lease_owner == token)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        raise LeaseLost(f"step {step_id}: lease taken over by another worker")
+
+
+def execute_step(db: Database, settings: Settings, job_id: str, step_key: str) -> Outcome:
+    """Make the step's next attempt: run the agent in a worktree and commit its changes."""
+    with db.session() as session:
+        job, step = _load(session, job_id, step_key)
+        if job is None or step is None or job.status in FINAL_JOB_STATUSES:
+            return Outcome.STOP
+        if step.phase != "attempt" or step.status in FINISHED_STEP_STATUSES:
+            return Outcome.STOP
+        step_id = step.id
+        config = MerlinConfig.model_validate(job.config)
+    token = new_token()
+    if not claim(db, step_id, "attempt", token, config.limits.lease_seconds):
+        return Outcome.STOP
+    plan, repo, brief = _begin_attempt(db, job_id, step_id, config)
+    tier = config.tiers[plan.tier_index]
+    worktree = settings.worktrees_dir / job_id / f"{step_key}-{plan.number}"
+    excludes = write_excludes_file(settings.home_dir / "commit-excludes")
+    add_worktree(repo, worktree, plan.start_commit)
+    try:
+        with Heartbeat(db, step_id, token, config.limits.lease_seconds) as heartbeat:
+
+            def check_alive() -> None:
+                if heartbeat.lost:
+                    raise LeaseLost(f"step {step_key}: lease lost during the attempt")
+
+            def on_call(seq: int, reply: Completion | None, error: BaseException | None) -> None:
+                _journal(db, job_id, step_id, plan, tier.name, tier.model, seq, reply, error)
+
+            summary, error, turns = "", None, 0
+            try:
+                result = run_agent(
+                    tier,
+                    brief,
+                    Toolbox(worktree, config.limits.tool_command_timeout),
+                    plan.feedback,
+                    config.limits.max_turns,
+                    on_call,
+                    check_alive,
+                )
+                summary, turns = result.summary, result.turns
+            except AgentError as exc:
+                error = str(exc)
+            check_alive()
+            message = f"merlin({step_key}): {brief.description.splitlines()[0][:72]}"
+            commit = commit_all(
+                worktree, f"{message}\n\nJob {job_id}, attempt {plan.number}.", excludes
+            )
+            set_ref(repo, attempt_ref(job_id, step_key, plan.number), commit)
+        with db.session() as session:
+            _settle(
+                session, step_id, token, phase="verify", **queued_values(settings.handoff_seconds)
+            )
+            attempt = session.get_one(Attempt, plan.attempt_id)
+            attempt.commit = commit
+            attempt.summary = summary[:4000]
+            attempt.turns = turns
+            attempt.status = "error" if error else "committed"
+            attempt.error = error
+            if error:
+                attempt.finished_at = utcnow()
+            outcome = f"failed: {error}" if error else f"committed {commit[:10]}"
+            event = "attempt_error" if error else "attempt_committed"
+            add_event(
+                session,
+                job_id,
+                event,
+                f"attempt {plan.number} {outcome}",
+                step_key,
+                attempt=plan.number,
+            )
+    except LeaseLost as exc:
+        log.warning("%s", exc)
+        return Outcome.STOP
+    finally:
+        remove_worktree(repo, worktree)
+    return Outcome.CONTINUE
+
+
+def _begin_attempt(
+    db: Database, job_id: str, step_id: int, config: MerlinConfig
+) -> tuple[_AttemptPlan, Path, StepBrief]:
+    """Create the attempt row (or resume the one a lost worker left running)."""
+    now = utcnow()
+    with db.session() as session:
+        job = session.get_one(Job, job_id)
+        step = session.get_one(Step, step_id)
+        if job.status == "pending":
+            job.status = "running"
+            job.started_at = now
+            add_event(session, job_id, "job_started", "job started")
+        if step.status == StepStatus.PENDING:
+            step.status = StepStatus.IN_PROGRESS
+            step.started_at = now
+            step.base_commit = job.head_commit
+            add_event(session, job_id, "step_started", f"step {step.key} started", step.key)
+        attempts = list(step.attempts)
+        latest = attempts[-1] if attempts else None
+        if latest is not None and latest.status == "running":
+            attempt = latest
+            attempt.runs += 1
+            add_event(
+                session,
+                job_id,
+                "attempt_resumed",
+                f"attempt {attempt.number} resumed after its worker was lost",
+                step.key,
+                attempt=attempt.number,
+            )
+        else:
+            kind = AttemptKind(step.next_kind)
+            tier = config.tiers[step.tier_index]
+            start = step.base_commit or job.head_commit
+            if kind is AttemptKind.FIX and latest is not None:
+                start = latest.commit or latest.start_commit
+            attempt = Attempt(
+                number=len(attempts) + 1,
+                kind=kind.value,
+                tier=tier.name,
+                model=tier.model,
+                status="running",
+                start_commit=start,
+                feedback=feedback_for(kind, attempts),
+                runs=1,
+            )
+            step.attempts.append(attempt)
+            add_event(
+                session,
+                job_id,
+                "attempt_started",
+                f"attempt {attempt.number} ({kind}) on tier {tier.name}",
+                step.key,
+                attempt=attempt.number,
+                kind=kind.value,
+                tier=tier.name,
+            )
+        session.flush()
+        calls = session.scalar(
+            select(func.count()).select_from(LlmCall).where(LlmCall.attempt_id == attempt.id)
+        )
+        plan = _AttemptPlan(
+            attempt_id=attempt.id,
+            number=attempt.number,
+            kind=attempt.kind,
+            tier_index=next(i for i, t in enumerate(config.tiers) if t.name == attempt.tier),
+            start_commit=attempt.start_commit,
+            feedback=attempt.feedback,
+            calls_so_far=calls or 0,
+        )
+        brief = StepBrief(
+            step.key, step.step_type, step.description, step.verification, step.exit_command
+        )
+        return plan, Path(job.repo), brief
+
+
+def _journal(
+    db: Database,
+    job_id: str,
+    step_id: int,
+    plan: _AttemptPlan,
+    tier: str,
+    model: str,
+    seq: int,
+    reply: Completion | None,
+    error: BaseException | None,
+) -> None:
+    with db.session() as session:
+        call = LlmCall(
+            job_id=job_id,
+            step_id=step_id,
+            attempt_id=plan.attempt_id,
+            seq=plan.calls_so_far + seq,
+            tier=tier,
+            model=model,
+            request_hash=reply.request_hash if reply else "",
+            error=f"{type(error).__name__}: {error}"[:2000] if error else None,
+        )
+        if reply is not None:
+            call.prompt_tokens = reply.prompt_tokens
+            call.completion_tokens = reply.completion_tokens
+            call.cost_usd = reply.cost_usd
+            call.latency_ms = reply.latency_ms
+            call.response = reply.message
+            attempt = session.get_one(Attempt, plan.attempt_id)
+            attempt.prompt_tokens += reply.prompt_tokens
+            attempt.completion_tokens += reply.completion_tokens
+            attempt.cost_usd += reply.cost_usd
+        session.add(call)
+
+
+def verify_step(db: Database, settings: Settings, job_id: str, step_key: str) -> Outcome:
+    """Run the exit command on the last attempt's commit and decide what follows."""
+    with db.session() as session:
+        job, step = _load(session, job_id, step_key)
+        if job is None or step is None or job.status in FINAL_JOB_STATUSES:
+            return Outcome.STOP
+        if step.phase != "verify":
+            return Outcome.STOP
+        step_id = step.id
+        config = MerlinConfig.model_validate(job.config)
+        repo, branch = Path(job.repo), job.branch
+    token = new_token()
+    if not claim(db, step_id, "verify", token, config.limits.lease_seconds):
+        return Outcome.STOP
+    with db.session() as session:
+        step = session.get_one(Step, step_id)
+        attempt = step.attempts[-1]
+        attempt_id, status, commit = attempt.id, attempt.status, attempt.commit
+        command = step.exit_command
+    exit_code: int | None = None
+    output = ""
+    if status == "committed" and commit:
+        worktree = settings.worktrees_dir / job_id / f"{step_key}-{attempt_id}-verify"
+        try:
+            with Heartbeat(db, step_id, token, config.limits.lease_seconds):
+                add_worktree(repo, worktree, commit)
+                result = run_exit_command(
+                    command, worktree, config.limits.exit_command_timeout, config.shell
+                )
+        finally:
+            remove_worktree(repo, worktree)
+        exit_code, output = result.exit_code, result.output_tail
+        passed = result.ok
+    else:
+        passed = status == "passed"
+    try:
+        if passed:
+            return _pass(
+                db, settings, job_id, step_id, attempt_id, token, exit_code, output, repo, branch
+            )
+        return _fail(db, settings, job_id, step_id, attempt_id, token, exit_code, output, config)
+    except LeaseLost as exc:
+        log.warning("%s", exc)
+        return Outcome.STOP
+
+
+def _pass(
+    db: Database,
+    settings: Settings,
+    job_id: str,
+    step_id: int,
+    attempt_id: int,
+    token: str,
+    exit_code: int | None,
+    output: str,
+    repo: Path,
+    branch: str,
+) -> Outcome:
+    with db.session() as session:
+        job = session.get_one(Job, job_id)
+        attempt = session.get_one(Attempt, attempt_id)
+        commit = attempt.commit or attempt.start_commit
+        _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+        # The branch moves inside the transaction: if the database write then fails, the
+        # lease expires, verify runs again and finds the branch already at `commit`.
+        if not advance_branch(repo, branch, commit, job.head_commit) and (
+            resolve_ref(repo, f"refs/heads/{branch}") != commit
+        ):
+            raise LeaseLost(f"job branch {branch} moved unexpectedly; not advancing it")
+        step = session.get_one(Step, step_id)
+        now = utcnow()
+        if exit_code is not None:
+            attempt.exit_code, attempt.output_tail = exit_code, output
+        attempt.status = "passed"
+        attempt.finished_at = attempt.finished_at or now
+        step.status = StepStatus.COMPLETED
+        step.result = attempt.summary or f"verified by `{step.exit_command}`"
+        step.error = None
+        step.finished_at = now
+        job.head_commit = commit
+        job.updated_at = now
+        add_event(
+            session,
+            job_id,
+            "step_completed",
+            f"step {step.key} passed on tier {attempt.tier}",
+            step.key,
+        )
+        following = session.scalars(
+            select(Step)
+            .where(Step.job_id == job_id, Step.position > step.position)
+            .order_by(Step.position)
+        ).first()
+        if following is not None:
+            for key, value in queued_values(settings.handoff_seconds).items():
+                setattr(following, key, value)
+    return Outcome.CONTINUE
+
+
+def _fail(
+    db: Database,
+    settings: Settings,
+    job_id: str,
+    step_id: int,
+    attempt_id: int,
+    token: str,
+    exit_code: int | None,
+    output: str,
+    config: MerlinConfig,
+) -> Outcome:
+    with db.session() as session:
+        step = session.get_one(Step, step_id)
+        attempt = session.get_one(Attempt, attempt_id)
+        if exit_code is not None:
+            attempt.exit_code, attempt.output_tail = exit_code, output
+        if attempt.status != "error":
+            attempt.status = "failed"
+        attempt.finished_at = attempt.finished_at or utcnow()
+        session.flush()
+        attempts = list(step.attempts)
+        nxt = decide(attempts, step.tier_index, len(config.tiers), config.limits.fix_attempts)
+        if nxt is not None:
+            from_tier = config.tiers[step.tier_index].name
+            to_tier = config.tiers[nxt.tier_index].name
+            _settle(
+                session,
+                step_id,
+                token,
+                phase="attempt",
+                next_kind=nxt.kind.value,
+                tier_index=nxt.tier_index,
+                **queued_values(settings.handoff_seconds),
+            )
+            kind = "escalated" if nxt.kind is AttemptKind.ESCALATE else "fix_planned"
+            add_event(
+                session,
+                job_id,
+                kind,
+                f"attempt {attempt.number} failed ({nxt.reason[:200]}); next: {nxt.kind} "
+                f"on tier {to_tier}",
+                step.key,
+                from_tier=from_tier,
+                to_tier=to_tier,
+                reason=nxt.reason[:2000],
+            )
+            return Outcome.RETRY
+        _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+        reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
+        fail_job_in_session(session, job_id, step, reason)
+    finalize_job(db, settings, job_id)
+    return Outcome.STOP
+
+
+def fail_job_in_session(session: Session, job_id: str, step: Step | None, reason: str) -> None:
+    """Mark a step (if given) and its job failed, within an open session."""
+    now = utcnow()
+    if step is not None:
+        step.status = StepStatus.FAILED
+        step.error = reason
+        step.finished_at = now
+        step.phase = "done"
+    job = session.get_one(Job, job_id)
+    if job.status not in FINAL_JOB_STATUSES:
+        job.status = "failed"
+        job.error = reason
+        job.updated_at = now
+        add_event(session, job_id, "job_failed", reason, step.key if step else None)
+
+
+def fail_job(
+    db: Database, settings: Settings, job_id: str, step_key: str | None, reason: str
+) -> None:
+    """Fail a job because of an unexpected error in one of its tasks, and finalize it."""
+    with db.session() as session:
+        step = None
+        if step_key is not None:
+            step = session.scalars(
+                select(Step).where(Step.job_id == job_id, Step.key == step_key)
+            ).first()
+            if step is not None:
+                step.lease_owner = None
+                step.lease_expires_at = None
+        fail_job_in_session(session, job_id, step, reason)
+    finalize_job(db, settings, job_id)
+
+
+def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
+    """Close a job: final status, the patch file, the summary event. Idempotent."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            return None
+        if job.finished_at is not None:
+            return job.status
+        statuses = [step.status for step in job.steps]
+        if job.status not in FINAL_JOB_STATUSES:
+            done = all(s in (StepStatus.COMPLETED, StepStatus.SKIPPED) for s in statuses)
+            if not done:
+                return job.status  # a stale finalize: steps are still running
+            job.status = "completed"
+        patch = settings.jobs_dir / job_id / f"{job_id}.patch"
+        patch.parent.mkdir(parents=True, exist_ok=True)
+        patch.write_text(diff(Path(job.repo), job.base_commit, job.head_commit))
+        job.patch_path = str(patch)
+        job.finished_at = job.updated_at = utcnow()
+        add_event(session, job_id, f"job_{job.status}", f"job {job.status}", patch=str(patch))
+        return job.status
+
+
+def remaining_tasks(db: Database, job_id: str) -> list[tuple[str, str | None]]:
+    """What is left of a job as (task, step key) pairs: ``step``, ``verify``, ``finalize``."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.finished_at is not None:
+            return []
+        tasks: list[tuple[str, str | None]] = []
+        if job.status not in FINAL_JOB_STATUSES:
+            for step in job.steps:
+                if step.status in FINISHED_STEP_STATUSES:
+                    continue
+                if not tasks and step.phase == "verify":
+                    tasks.append(("verify", step.key))
+                    continue
+                tasks += [("step", step.key), ("verify", step.key)]
+        tasks.append(("finalize", None))
+        return tasks

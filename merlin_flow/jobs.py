@@ -1,0 +1,208 @@
+"""Creating jobs and reading them back: what ``submit``, ``status`` and ``list`` use.
+
+``create_job`` validates everything first (the TaskList, the repository, tiers named by
+steps, an exit command for every step) and writes nothing until all of it holds; then it
+creates the job branch at the repository's HEAD and the job's rows. Enqueuing the job is
+the caller's business (``merlin_flow.workflow.enqueue_job``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from merlin_flow.config import MerlinConfig
+from merlin_flow.errors import JobNotFoundError
+from merlin_flow.execution import add_event
+from merlin_flow.leases import queued_values
+from merlin_flow.settings import Settings
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
+from merlin_flow.tasklist import StepStatus, TaskList
+from merlin_flow.verify import exit_command_for
+from merlin_flow.workspace import create_branch, find_repository, git, head_commit, job_branch
+
+
+def new_job_id() -> str:
+    """A short unique job id (safe in branch names)."""
+    return uuid.uuid4().hex[:12]
+
+
+def create_job(
+    db: Database,
+    settings: Settings,
+    tasklist: TaskList,
+    repo_path: Path,
+    config: MerlinConfig,
+) -> str:
+    """Validate and record a job; returns its id. Raises InputError and writes nothing."""
+    tasklist.check_submittable()
+    repo = find_repository(repo_path)
+    starts = [config.tier_index(step.tier) if step.tier else 0 for step in tasklist.steps]
+    commands = [exit_command_for(step, config, repo) for step in tasklist.steps]
+    job_id = new_job_id()
+    base = head_commit(repo)
+    branch = job_branch(job_id)
+    create_branch(repo, branch, base)
+    try:
+        with db.session() as session:
+            job = Job(
+                id=job_id,
+                title=tasklist.title,
+                repo=str(repo),
+                status="pending",
+                branch=branch,
+                base_commit=base,
+                head_commit=base,
+                tasklist=tasklist.model_dump(mode="json"),
+                config=config.model_dump(mode="json"),
+            )
+            session.add(job)
+            for position, (step, start, command) in enumerate(
+                zip(tasklist.steps, starts, commands, strict=True)
+            ):
+                row = Step(
+                    position=position,
+                    key=step.id,
+                    step_type=step.step_type.value,
+                    description=step.description,
+                    verification=step.verification,
+                    exit_command=command,
+                    agent=step.agent,
+                    depends_on=list(step.depends_on),
+                    status=StepStatus.PENDING.value,
+                    phase="attempt",
+                    tier_index=start,
+                    next_kind="execute",
+                )
+                if position == 0:
+                    for key, value in queued_values(settings.handoff_seconds).items():
+                        setattr(row, key, value)
+                job.steps.append(row)
+            add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
+    except BaseException:
+        git("update-ref", "-d", f"refs/heads/{branch}", cwd=repo, check=False)
+        raise
+    return job_id
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") + "Z" if value else None
+
+
+def attempt_view(attempt: Attempt) -> dict[str, Any]:
+    """One attempt as JSON-ready data."""
+    return {
+        "number": attempt.number,
+        "kind": attempt.kind,
+        "tier": attempt.tier,
+        "model": attempt.model,
+        "status": attempt.status,
+        "commit": attempt.commit,
+        "exit_code": attempt.exit_code,
+        "error": attempt.error,
+        "output_tail": attempt.output_tail,
+        "turns": attempt.turns,
+        "runs": attempt.runs,
+        "prompt_tokens": attempt.prompt_tokens,
+        "completion_tokens": attempt.completion_tokens,
+        "cost_usd": round(attempt.cost_usd, 6),
+    }
+
+
+def job_view(db: Database, job_id: str) -> dict[str, Any]:
+    """The full state of a job: what ``merlin status --json`` prints."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        cost = session.scalar(
+            select(func.coalesce(func.sum(LlmCall.cost_usd), 0.0)).where(LlmCall.job_id == job_id)
+        )
+        tiers = [tier["name"] for tier in job.config.get("tiers", [])]
+        steps = []
+        for step in job.steps:
+            steps.append(
+                {
+                    "id": step.key,
+                    "step_type": step.step_type,
+                    "description": step.description,
+                    "status": step.status,
+                    "tier": tiers[step.tier_index] if step.tier_index < len(tiers) else None,
+                    "exit_command": step.exit_command,
+                    "error": step.error,
+                    "result": step.result,
+                    "deliveries": step.deliveries,
+                    "recoveries": step.recoveries,
+                    "attempts": [attempt_view(a) for a in step.attempts],
+                }
+            )
+        counts = {status.value: 0 for status in StepStatus}
+        for step in job.steps:
+            counts[step.status] += 1
+        return {
+            "id": job.id,
+            "title": job.title,
+            "repo": job.repo,
+            "status": job.status,
+            "branch": job.branch,
+            "base_commit": job.base_commit,
+            "head_commit": job.head_commit,
+            "error": job.error,
+            "cost_usd": round(float(cost or 0.0), 6),
+            "patch": job.patch_path,
+            "created_at": _iso(job.created_at),
+            "started_at": _iso(job.started_at),
+            "finished_at": _iso(job.finished_at),
+            "progress": {"total": len(job.steps), **counts},
+            "steps": steps,
+        }
+
+
+def list_jobs(db: Database, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest jobs, newest first: what ``merlin list --json`` prints."""
+    with db.session() as session:
+        jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)).all()
+        return [
+            {
+                "id": job.id,
+                "status": job.status,
+                "title": job.title,
+                "repo": job.repo,
+                "branch": job.branch,
+                "created_at": _iso(job.created_at),
+                "finished_at": _iso(job.finished_at),
+            }
+            for job in jobs
+        ]
+
+
+def job_status(db: Database, job_id: str) -> str:
+    """Just the status of a job."""
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        return job.status
+
+
+def events_since(db: Database, job_id: str, after_id: int = 0) -> list[dict[str, Any]]:
+    """The job's events with an id above ``after_id``, oldest first."""
+    with db.session() as session:
+        rows = session.scalars(
+            select(Event).where(Event.job_id == job_id, Event.id > after_id).order_by(Event.id)
+        ).all()
+        return [
+            {
+                "id": row.id,
+                "kind": row.kind,
+                "step_key": row.step_key,
+                "message": row.message,
+                "data": row.data,
+                "created_at": _iso(row.created_at),
+            }
+            for row in rows
+        ]

@@ -1,0 +1,114 @@
+"""Step leases: the claim that lets exactly one worker act on a step at a time.
+
+A step's lease is ``(lease_owner, lease_expires_at)``:
+
+- ``QUEUED`` owner: a message for the step's current phase is on the broker. Any task
+  for that phase may claim it. If it is still QUEUED when it expires, the recovery sweep
+  enqueues the step again (a duplicate message is harmless: see ``claim``).
+- a worker token: that worker is acting on the step and renews the lease every third of
+  ``lease_seconds`` from a heartbeat thread. If it expires, the worker is presumed dead;
+  the sweep counts a recovery and enqueues the step again.
+
+Claims and renewals are single conditional UPDATEs, so two workers never both win.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from datetime import timedelta
+from types import TracebackType
+
+from sqlalchemy import or_, update
+
+from merlin_flow.store import Database, Step, utcnow
+
+QUEUED = "queued"
+
+
+def new_token() -> str:
+    """A unique owner token for one task execution."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def claim(db: Database, step_id: int, phase: str, token: str, seconds: float) -> bool:
+    """Take the step's lease for ``phase``; False if another worker holds it."""
+    now = utcnow()
+    with db.session() as session:
+        result = session.execute(
+            update(Step)
+            .where(
+                Step.id == step_id,
+                Step.phase == phase,
+                or_(
+                    Step.lease_owner.is_(None),
+                    Step.lease_owner == QUEUED,
+                    Step.lease_expires_at < now,
+                ),
+            )
+            .values(
+                lease_owner=token,
+                lease_expires_at=now + timedelta(seconds=seconds),
+                deliveries=Step.deliveries + 1,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def renew(db: Database, step_id: int, token: str, seconds: float) -> bool:
+    """Extend our lease; False if it is no longer ours."""
+    with db.session() as session:
+        result = session.execute(
+            update(Step)
+            .where(Step.id == step_id, Step.lease_owner == token)
+            .values(lease_expires_at=utcnow() + timedelta(seconds=seconds))
+            .execution_options(synchronize_session=False)
+        )
+        return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+def queued_values(handoff_seconds: float) -> dict[str, object]:
+    """Column values that hand a step over to the message now being queued for it."""
+    return {
+        "lease_owner": QUEUED,
+        "lease_expires_at": utcnow() + timedelta(seconds=handoff_seconds),
+    }
+
+
+class Heartbeat:
+    """Renews a lease from a background thread while a step is worked on."""
+
+    def __init__(self, db: Database, step_id: int, token: str, seconds: float) -> None:
+        """Prepare to renew ``token``'s lease on ``step_id`` every ``seconds / 3``."""
+        self._db = db
+        self._step_id = step_id
+        self._token = token
+        self._seconds = seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{step_id}", daemon=True)
+        self.lost = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._seconds / 3):
+            try:
+                if not renew(self._db, self._step_id, self._token, self._seconds):
+                    self.lost = True
+                    return
+            except Exception:  # a failed renewal is retried at the next beat
+                continue
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()

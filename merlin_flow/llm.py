@@ -1,0 +1,114 @@
+"""One completion call through litellm, with its usage, cost and latency.
+
+litellm is imported lazily (it takes seconds and ~160 MiB), with its price map read from
+the local copy rather than the network, and the scripted provider registered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from merlin_flow.config import Tier
+
+_lock = threading.Lock()
+_litellm: Any = None
+
+
+def litellm_module() -> Any:
+    """Import and set up litellm once per process."""
+    global _litellm
+    with _lock:
+        if _litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            import litellm
+
+            from merlin_flow.scripted import PROVIDER, make_provider
+
+            litellm.suppress_debug_info = True
+            litellm.telemetry = False
+            if not any(p.get("provider") == PROVIDER for p in litellm.custom_provider_map):
+                litellm.custom_provider_map = [
+                    *litellm.custom_provider_map,
+                    {"provider": PROVIDER, "custom_handler": make_provider()},
+                ]
+            _litellm = litellm
+    return _litellm
+
+
+@dataclass
+class Completion:
+    """A model's reply in OpenAI message form, with what it cost."""
+
+    message: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    latency_ms: float
+    request_hash: str
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls in the reply (empty when the model answered in text)."""
+        return list(self.message.get("tool_calls") or [])
+
+
+def request_hash(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+    """A stable hash of a request: same model, messages and tools give the same hash."""
+    body = json.dumps({"model": model, "messages": messages, "tools": tools}, sort_keys=True)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+    """Ask ``tier``'s model for the next message; litellm's exceptions propagate."""
+    litellm = litellm_module()
+    kwargs: dict[str, Any] = {"timeout": tier.timeout, "temperature": 0}
+    if tier.max_tokens:
+        kwargs["max_tokens"] = tier.max_tokens
+    started = time.monotonic()
+    response = litellm.completion(model=tier.model, messages=messages, tools=tools, **kwargs)
+    latency_ms = (time.monotonic() - started) * 1000
+    choice = response.choices[0]
+    message = _message_dict(choice.message)
+    usage = getattr(response, "usage", None)
+    prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+    completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+    return Completion(
+        message=message,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cost_usd=_cost(litellm, tier, response, prompt_tokens, completion_tokens),
+        latency_ms=latency_ms,
+        request_hash=request_hash(tier.model, messages, tools),
+        raw=response.model_dump(mode="json"),
+    )
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {"role": "assistant", "content": message.content}
+    calls = getattr(message, "tool_calls", None) or []
+    if calls:
+        result["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": call.function.arguments},
+            }
+            for call in calls
+        ]
+    return result
+
+
+def _cost(litellm: Any, tier: Tier, response: Any, prompt: int, completion: int) -> float:
+    if tier.price_in is not None or tier.price_out is not None:
+        return (prompt * (tier.price_in or 0.0) + completion * (tier.price_out or 0.0)) / 1e6
+    try:
+        return float(litellm.completion_cost(completion_response=response))
+    except Exception:  # litellm raises assorted errors for models missing from its map
+        return 0.0

@@ -1,0 +1,70 @@
+"""Process settings from the environment (``MERLIN_*`` variables).
+
+These say where state lives and how this process reaches it; what a job does is in
+``merlin.toml`` (see ``merlin_flow.config``). With no variable set, everything lives under
+``~/.merlin`` and needs no server.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Where merlin_flow keeps its state and how often its background work runs."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MERLIN_", extra="ignore", use_attribute_docstrings=True
+    )
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".merlin")
+    """MERLIN_HOME: the embedded database, the embedded broker, worktrees and patches."""
+    database_url: str | None = None
+    """MERLIN_DATABASE_URL: any SQLAlchemy URL; default SQLite at $MERLIN_HOME/merlin.db."""
+    broker_url: str | None = None
+    """MERLIN_BROKER_URL: a Celery broker URL; default sqla+sqlite at $MERLIN_HOME/broker.db."""
+    broker_poll_interval: float = Field(default=0.1, gt=0)
+    """Seconds between polls of the embedded SQL broker (see docs/operations.md)."""
+    sweep_interval: float = Field(default=15.0, gt=0)
+    """Seconds between recovery sweeps in each worker."""
+    handoff_seconds: float = Field(default=300.0, gt=0)
+    """How long a queued step may wait for a worker before the sweep enqueues it again."""
+
+    @cached_property
+    def home_dir(self) -> Path:
+        """MERLIN_HOME, expanded and absolute."""
+        return self.home.expanduser().resolve()
+
+    @property
+    def database(self) -> str:
+        """The SQLAlchemy URL of merlin's own store."""
+        return self.database_url or f"sqlite:///{self.home_dir / 'merlin.db'}"
+
+    @property
+    def broker(self) -> str:
+        """The Celery broker URL."""
+        return self.broker_url or f"sqla+sqlite:///{self.home_dir / 'broker.db'}"
+
+    @property
+    def broker_is_embedded(self) -> bool:
+        """True when the broker is kombu's SQL transport (no fanout, no redelivery)."""
+        return self.broker.startswith("sqla+")
+
+    @property
+    def worktrees_dir(self) -> Path:
+        """Where attempt and verify worktrees are created."""
+        return self.home_dir / "worktrees"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """Where each job's patch and summary are written."""
+        return self.home_dir / "jobs"
+
+
+def get_settings() -> Settings:
+    """Read the settings from the current environment."""
+    return Settings()

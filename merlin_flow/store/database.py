@@ -1,0 +1,157 @@
+"""Open merlin's database and keep its schema at the Alembic head.
+
+SQLite (the default, at ``$MERLIN_HOME/merlin.db``) runs in WAL mode with a busy timeout
+so that several worker processes can share it; it is upgraded automatically on first use.
+Any other database must be upgraded explicitly with ``merlin db upgrade``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from merlin_flow.errors import StoreError
+from merlin_flow.resources import resource_dir
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class Database:
+    """An engine and a session factory for one database URL."""
+
+    def __init__(self, url: str) -> None:
+        """Create the engine (no connection is made yet)."""
+        self.url = url
+        self.is_sqlite = url.startswith("sqlite")
+        if self.is_sqlite:
+            path = _sqlite_path(url)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(url, **_engine_options(url))
+        if self.is_sqlite:
+            event.listen(self.engine, "connect", _sqlite_on_connect)
+            event.listen(self.engine, "begin", _sqlite_on_begin)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on error."""
+        with self._sessions.begin() as session:
+            yield session
+
+    def dispose(self) -> None:
+        """Close pooled connections (call after fork, and when done)."""
+        self.engine.dispose()
+
+
+def _engine_options(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "isolation_level": None}}
+    return {"pool_pre_ping": True}
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def _sqlite_on_begin(connection: Any) -> None:
+    # Take the write lock at BEGIN, so that read-then-write transactions (lease claims)
+    # serialize instead of failing with 'database is locked' on upgrade to a writer.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _sqlite_path(url: str) -> Path | None:
+    path = url.split(":///", 1)[1] if ":///" in url else ""
+    if not path or path.startswith(":memory:"):
+        return None
+    return Path(path.split("?", 1)[0])
+
+
+def alembic_config(url: str) -> Any:
+    """An Alembic Config pointing at merlin's migrations and the given database."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(resource_dir("alembic")))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(db: Database, revision: str = "head") -> None:
+    """Run the Alembic migrations up to ``revision`` on ``db``."""
+    from alembic import command
+
+    config = alembic_config(db.url)
+    with db.engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def current_revision(db: Database) -> str | None:
+    """The revision the database is at, or None for an empty database."""
+    from alembic.runtime.migration import MigrationContext
+
+    with db.engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str:
+    """The newest migration shipped with this version of merlin_flow."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    head = script.get_current_head()
+    assert head is not None
+    return head
+
+
+def open_database(url: str) -> Database:
+    """Open ``url``, upgrading an embedded SQLite database; refuse an outdated server DB."""
+    db = Database(url)
+    try:
+        if db.is_sqlite:
+            _upgrade_sqlite_once(db)
+        else:
+            current = current_revision(db)
+            if current != head_revision():
+                raise StoreError(
+                    f"database schema is at {current or 'nothing'}, not at "
+                    f"{head_revision()}: run `merlin db upgrade`"
+                )
+    except SQLAlchemyError as exc:
+        raise StoreError(f"cannot use the database {db.engine.url!r}: {exc}") from None
+    return db
+
+
+def _upgrade_sqlite_once(db: Database) -> None:
+    path = _sqlite_path(db.url)
+    if path is None:
+        upgrade(db)
+        return
+    if current_revision(db) == head_revision():
+        return
+    lock_path = path.with_name(path.name + ".migrate.lock")
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if current_revision(db) != head_revision():
+                upgrade(db)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def table_names(db: Database) -> list[str]:
+    """Names of the tables present (for checks and tests)."""
+    return sorted(inspect(db.engine).get_table_names())

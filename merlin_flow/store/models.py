@@ -1,0 +1,180 @@
+"""SQLAlchemy models: jobs, steps, attempts, LLM calls and events.
+
+The database is the source of truth. Celery messages carry a job id and a step key and
+nothing else; a task starts by loading these rows. The schema is created and changed
+only by the Alembic migrations in ``alembic/versions``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """Naive UTC now: stored and compared the same way on SQLite and Postgres."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    """Base of merlin's tables."""
+
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Job(Base):
+    """One submitted TaskList run against one repository."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    title: Mapped[str] = mapped_column(Text)
+    repo: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(24), index=True)
+    branch: Mapped[str] = mapped_column(Text)
+    base_commit: Mapped[str] = mapped_column(String(64))
+    head_commit: Mapped[str] = mapped_column(String(64))
+    tasklist: Mapped[dict[str, Any]] = mapped_column(JSON)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    patch_path: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    updated_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, onupdate=utcnow)
+
+    steps: Mapped[list[Step]] = relationship(
+        back_populates="job", order_by="Step.position", cascade="all, delete-orphan"
+    )
+
+
+class Step(Base):
+    """One step of a job, with the lease that lets exactly one worker act on it."""
+
+    __tablename__ = "steps"
+    __table_args__ = (UniqueConstraint("job_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    key: Mapped[str] = mapped_column(String(64))
+    step_type: Mapped[str] = mapped_column(String(16))
+    description: Mapped[str] = mapped_column(Text)
+    verification: Mapped[str] = mapped_column(Text, default="")
+    exit_command: Mapped[str] = mapped_column(Text)
+    agent: Mapped[str | None] = mapped_column(String(128))
+    depends_on: Mapped[list[str]] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16))
+    # 'attempt': the next attempt must be made; 'verify': the last attempt awaits its
+    # exit command; 'done': nothing more to do.
+    phase: Mapped[str] = mapped_column(String(16), default="attempt")
+    tier_index: Mapped[int] = mapped_column(Integer, default=0)
+    next_kind: Mapped[str] = mapped_column(String(16), default="execute")
+    base_commit: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+    result: Mapped[str | None] = mapped_column(Text)
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime, index=True)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0)
+    recoveries: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+    job: Mapped[Job] = relationship(back_populates="steps")
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="step", order_by="Attempt.number", cascade="all, delete-orphan"
+    )
+
+
+class Attempt(Base):
+    """One try at a step on one tier: the agent's commit and the exit command's verdict."""
+
+    __tablename__ = "attempts"
+    __table_args__ = (UniqueConstraint("step_id", "number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    step_id: Mapped[int] = mapped_column(ForeignKey("steps.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))
+    tier: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(Text)
+    # running -> committed -> passed | failed; or running -> error (the agent gave up)
+    status: Mapped[str] = mapped_column(String(16))
+    start_commit: Mapped[str] = mapped_column(String(64))
+    commit: Mapped[str | None] = mapped_column(String(64))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    output_tail: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    feedback: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[str | None] = mapped_column(Text)
+    turns: Mapped[int] = mapped_column(Integer, default=0)
+    runs: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+    step: Mapped[Step] = relationship(back_populates="attempts")
+
+
+class LlmCall(Base):
+    """One completion request of an attempt, with its tokens, cost and response."""
+
+    __tablename__ = "llm_calls"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    step_id: Mapped[int] = mapped_column(Integer)
+    attempt_id: Mapped[int] = mapped_column(
+        ForeignKey("attempts.id", ondelete="CASCADE"), index=True
+    )
+    seq: Mapped[int] = mapped_column(Integer)
+    tier: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(Text)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    replayed: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class Event(Base):
+    """Something that happened to a job, in order: the job's history."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(32))
+    step_key: Mapped[str | None] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

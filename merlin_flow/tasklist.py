@@ -1,0 +1,318 @@
+"""The TaskList: a job's typed steps, as written by a user or a planner.
+
+A TaskList file is YAML or JSON::
+
+    title: Fix the divide bug
+    steps:
+      - id: fix
+        step_type: Debug
+        description: Make divide() raise ZeroDivisionError for a zero divisor.
+        verification: the tests in test_calc.py pass
+        exit_command: python -m pytest -q
+
+``load_tasklist`` reads and validates one; every problem is reported with the field that
+has it (``steps[1] (id 'b').step_type: ...``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from merlin_flow.errors import TaskListError
+
+STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class StepType(StrEnum):
+    """What kind of work a step is; it picks the default exit command."""
+
+    DEBUG = "Debug"
+    FEATURE = "Feature"
+    REFACTOR = "Refactor"
+    VERIFY = "Verify"
+    TEST = "Test"
+
+
+class StepStatus(StrEnum):
+    """Where one step is in its life."""
+
+    PENDING = "Pending"
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"
+
+
+class TaskListStatus(StrEnum):
+    """Where a whole TaskList is in its life."""
+
+    NOT_STARTED = "NotStarted"
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+FINISHED_STEP_STATUSES = frozenset({StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED})
+
+
+class TaskStep(BaseModel):
+    """One typed step: an agent does the work, the exit command decides if it is done."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    id: str = Field(pattern=STEP_ID_PATTERN)
+    """Unique within the TaskList; letters, digits, `_`, `.`, `-` (used in git ref names)."""
+    step_type: StepType
+    """Debug, Feature, Refactor, Verify or Test."""
+    description: str = Field(min_length=1)
+    """What the agent must do, in plain words."""
+    verification: str = ""
+    """How a person would know the step is done; shown to the agent."""
+    status: StepStatus = StepStatus.PENDING
+    """Lifecycle status; a submitted file normally leaves it Pending."""
+    error: str | None = None
+    """Why the step failed, once it has."""
+    result: str | None = None
+    """What the step produced, once it completed."""
+    exit_command: str | None = None
+    """Command whose exit code 0 means done; default from config and project kind."""
+    agent: str | None = None
+    """Name of the agent profile to run the step with (default agent when unset)."""
+    tier: str | None = None
+    """Model tier to start on, overriding the default (must name a configured tier)."""
+    depends_on: list[str] = Field(default_factory=list)
+    """Ids of earlier steps this one needs."""
+
+    def start(self) -> None:
+        """Mark the step as being worked on."""
+        self.status = StepStatus.IN_PROGRESS
+
+    def complete(self, result: str | None = None) -> None:
+        """Mark the step done, with what it produced."""
+        self.status = StepStatus.COMPLETED
+        self.result = result
+        self.error = None
+
+    def fail(self, error: str) -> None:
+        """Mark the step failed, with why."""
+        self.status = StepStatus.FAILED
+        self.error = error
+
+    def skip(self, reason: str | None = None) -> None:
+        """Mark the step skipped."""
+        self.status = StepStatus.SKIPPED
+        self.result = reason
+
+    @property
+    def is_finished(self) -> bool:
+        """True once the step is Completed, Failed or Skipped."""
+        return self.status in FINISHED_STEP_STATUSES
+
+
+class Progress(BaseModel):
+    """Counts of steps by status."""
+
+    total: int
+    pending: int
+    in_progress: int
+    completed: int
+    failed: int
+    skipped: int
+
+    @property
+    def finished(self) -> int:
+        """Steps that will not run again."""
+        return self.completed + self.failed + self.skipped
+
+    @property
+    def percent(self) -> float:
+        """Share of finished steps, 0 to 100."""
+        return 100.0 * self.finished / self.total if self.total else 100.0
+
+
+class TaskList(BaseModel):
+    """An ordered list of typed steps with a title and a status."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12], pattern=STEP_ID_PATTERN)
+    """Identifier of the TaskList (generated when absent)."""
+    title: str = Field(min_length=1)
+    """A one-line summary of the whole job."""
+    steps: list[TaskStep] = Field(default_factory=list)
+    """The steps, run in this order."""
+    status: TaskListStatus = TaskListStatus.NOT_STARTED
+    """Lifecycle status of the whole list."""
+
+    @model_validator(mode="after")
+    def _check_step_graph(self) -> Self:
+        seen: set[str] = set()
+        for step in self.steps:
+            if step.id in seen:
+                raise ValueError(f"duplicate step id {step.id!r}: step ids must be unique")
+            seen.add(step.id)
+        cycle = _find_cycle({s.id: s.depends_on for s in self.steps})
+        if cycle:
+            raise ValueError("depends_on forms a cycle: " + " -> ".join(cycle))
+        earlier: set[str] = set()
+        for step in self.steps:
+            for dep in step.depends_on:
+                if dep not in seen:
+                    raise ValueError(f"step {step.id!r} depends_on unknown step {dep!r}")
+                if dep not in earlier:
+                    raise ValueError(
+                        f"step {step.id!r} depends_on {dep!r}, which comes after it: "
+                        "depends_on must name earlier steps"
+                    )
+            earlier.add(step.id)
+        return self
+
+    def progress(self) -> Progress:
+        """Count the steps by status."""
+        counts = {status: 0 for status in StepStatus}
+        for step in self.steps:
+            counts[step.status] += 1
+        return Progress(
+            total=len(self.steps),
+            pending=counts[StepStatus.PENDING],
+            in_progress=counts[StepStatus.IN_PROGRESS],
+            completed=counts[StepStatus.COMPLETED],
+            failed=counts[StepStatus.FAILED],
+            skipped=counts[StepStatus.SKIPPED],
+        )
+
+    def step(self, step_id: str) -> TaskStep:
+        """The step with this id."""
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        raise KeyError(step_id)
+
+    def next_step(self) -> TaskStep | None:
+        """The first step that is not finished, or None."""
+        return next((s for s in self.steps if not s.is_finished), None)
+
+    def start(self) -> None:
+        """Mark the list as started."""
+        self.status = TaskListStatus.IN_PROGRESS
+
+    def cancel(self) -> None:
+        """Mark the list cancelled; unfinished steps are skipped."""
+        for step in self.steps:
+            if not step.is_finished:
+                step.skip("cancelled")
+        self.status = TaskListStatus.CANCELLED
+
+    def update_status(self) -> TaskListStatus:
+        """Derive the list status from its steps (Cancelled stays Cancelled)."""
+        if self.status is TaskListStatus.CANCELLED:
+            return self.status
+        progress = self.progress()
+        if progress.failed:
+            self.status = TaskListStatus.FAILED
+        elif progress.finished == progress.total and progress.total:
+            self.status = TaskListStatus.COMPLETED
+        elif progress.finished or progress.in_progress:
+            self.status = TaskListStatus.IN_PROGRESS
+        return self.status
+
+    def check_submittable(self) -> None:
+        """Raise TaskListError when the list cannot be submitted as a job."""
+        if not self.steps:
+            raise TaskListError(f"TaskList {self.title!r} has no steps: nothing to run")
+
+
+def _find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """Return one dependency cycle as a path of ids, or None."""
+    white, grey, black = 0, 1, 2
+    color = dict.fromkeys(graph, white)
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        color[node] = grey
+        stack.append(node)
+        for dep in graph.get(node, []):
+            if dep not in graph:
+                continue
+            if color[dep] == grey:
+                return [*stack[stack.index(dep) :], dep]
+            if color[dep] == white and (found := visit(dep)):
+                return found
+        stack.pop()
+        color[node] = black
+        return None
+
+    for node in graph:
+        if color[node] == white and (found := visit(node)):
+            return found
+    return None
+
+
+def parse_tasklist(data: Any, source: str = "<data>") -> TaskList:
+    """Validate already-parsed data as a TaskList, naming the field of every problem."""
+    if not isinstance(data, dict):
+        raise TaskListError(f"{source}: a TaskList must be a mapping with 'title' and 'steps'")
+    try:
+        return TaskList.model_validate(data)
+    except ValidationError as exc:
+        raise TaskListError(f"{source}: invalid TaskList\n{_describe(exc, data)}") from None
+
+
+def load_tasklist(path: str | Path) -> TaskList:
+    """Read a TaskList from a YAML or JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskListError(f"TaskList file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskListError(f"cannot read TaskList file {path}: {exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise TaskListError(
+            f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise TaskListError(f"{path}: malformed YAML{where}: {problem}") from None
+    return parse_tasklist(data, str(path))
+
+
+def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
+    lines = []
+    for error in exc.errors():
+        loc = list(error["loc"])
+        where = _format_loc(loc, data)
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"  {where}: {message}" if where else f"  {message}")
+    return "\n".join(lines)
+
+
+def _format_loc(loc: list[int | str], data: dict[str, Any]) -> str:
+    parts: list[str] = []
+    for index, item in enumerate(loc):
+        if isinstance(item, int):
+            label = f"[{item}]"
+            if index == 1 and loc[0] == "steps":
+                steps = data.get("steps")
+                if isinstance(steps, list) and item < len(steps) and isinstance(steps[item], dict):
+                    step_id = steps[item].get("id")
+                    if step_id is not None:
+                        label += f" (id {step_id!r})"
+            parts.append(label)
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts)

@@ -1,0 +1,122 @@
+"""The Celery side of merlin_flow: three tasks and the canvas that chains them.
+
+A job becomes ``step(s1) | verify(s1) | step(s2) | verify(s2) | ... | finalize`` on three
+queues (``llm``, ``verify``, ``control``). Messages carry a job id and a step key only;
+each task loads its rows and does what the database says is left (``merlin_flow.execution``).
+
+Escalation: when verification fails and another attempt is planned, the verify task
+*replaces itself* with ``step(sN) | verify(sN)``; Celery re-attaches the rest of the chain
+behind the replacement, so the job goes on once the step passes. Which tier the new
+attempt runs on is read from the step's row, not carried in the message.
+
+This module and ``workers/`` are the only places that import Celery.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import chain, shared_task
+from celery.exceptions import Ignore
+
+from merlin_flow.execution import (
+    Outcome,
+    execute_step,
+    fail_job,
+    finalize_job,
+    remaining_tasks,
+    verify_step,
+)
+from merlin_flow.settings import Settings, get_settings
+from merlin_flow.store import Database, open_database
+
+log = logging.getLogger(__name__)
+
+STEP_TASK = "merlin.step"
+VERIFY_TASK = "merlin.verify"
+FINALIZE_TASK = "merlin.finalize"
+QUEUES = {STEP_TASK: "llm", VERIFY_TASK: "verify", FINALIZE_TASK: "control"}
+ALL_QUEUES = ("control", "llm", "verify")
+
+_runtime: dict[str, Any] = {}
+
+
+def runtime() -> tuple[Database, Settings]:
+    """The database and settings of this process (made again after a fork)."""
+    if _runtime.get("pid") != os.getpid():
+        settings = get_settings()
+        _runtime.update(pid=os.getpid(), settings=settings, db=open_database(settings.database))
+    return _runtime["db"], _runtime["settings"]
+
+
+def _guard(job_id: str, step_key: str | None, work: Any) -> Outcome:
+    """Run ``work``; an unexpected error fails the job instead of stranding it."""
+    db, settings = runtime()
+    try:
+        outcome: Outcome = work(db, settings)
+        return outcome
+    except Exception as exc:
+        log.exception("job %s: task failed unexpectedly", job_id)
+        fail_job(db, settings, job_id, step_key, f"internal error: {type(exc).__name__}: {exc}")
+        raise Ignore() from None
+
+
+@shared_task(bind=True, name=STEP_TASK)
+def step_task(self: Any, job_id: str, step_key: str) -> str:
+    """Make the step's next attempt (agent loop + commit)."""
+    outcome = _guard(job_id, step_key, lambda db, s: execute_step(db, s, job_id, step_key))
+    if outcome is Outcome.STOP:
+        raise Ignore()
+    return outcome.value
+
+
+@shared_task(bind=True, name=VERIFY_TASK)
+def verify_task(self: Any, job_id: str, step_key: str) -> str:
+    """Verify the step's last attempt; on failure, replace itself with a new attempt."""
+    outcome = _guard(job_id, step_key, lambda db, s: verify_step(db, s, job_id, step_key))
+    if outcome is Outcome.RETRY:
+        raise self.replace(step_signature(job_id, step_key) | verify_signature(job_id, step_key))
+    if outcome is Outcome.STOP:
+        raise Ignore()
+    return outcome.value
+
+
+@shared_task(name=FINALIZE_TASK)
+def finalize_task(job_id: str) -> str | None:
+    """Close the job: final status and patch file."""
+    db, settings = runtime()
+    return finalize_job(db, settings, job_id)
+
+
+def step_signature(job_id: str, step_key: str) -> Any:
+    """Signature of the step task (immutable: results are not passed along)."""
+    return step_task.si(job_id, step_key).set(queue=QUEUES[STEP_TASK])
+
+
+def verify_signature(job_id: str, step_key: str) -> Any:
+    """Signature of the verify task."""
+    return verify_task.si(job_id, step_key).set(queue=QUEUES[VERIFY_TASK])
+
+
+def job_canvas(job_id: str, tasks: list[tuple[str, str | None]]) -> Any:
+    """The chain for what is left of a job, as listed by ``remaining_tasks``."""
+    signatures = []
+    for name, step_key in tasks:
+        if name == "step" and step_key is not None:
+            signatures.append(step_signature(job_id, step_key))
+        elif name == "verify" and step_key is not None:
+            signatures.append(verify_signature(job_id, step_key))
+        else:
+            signatures.append(finalize_task.si(job_id).set(queue=QUEUES[FINALIZE_TASK]))
+    return chain(*signatures)
+
+
+def enqueue_job(db: Database, job_id: str) -> bool:
+    """Publish the chain for what is left of ``job_id``; False if nothing is left."""
+    tasks = remaining_tasks(db, job_id)
+    if not tasks:
+        return False
+    job_canvas(job_id, tasks).apply_async()
+    return True

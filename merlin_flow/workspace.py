@@ -1,0 +1,156 @@
+"""Git plumbing for jobs: worktrees, attempt commits, refs and the job branch.
+
+The user's working tree, index and current branch are never touched. Each attempt works
+in a detached worktree under ``$MERLIN_HOME/worktrees``; its commit is kept under
+``refs/merlin/<job>/<step>/<n>``; a verified commit advances ``merlin/<job>`` by a
+compare-and-swap ``git update-ref``, so two writers cannot both advance it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from merlin_flow.errors import GitError, RepositoryError
+
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "merlin",
+    "GIT_AUTHOR_EMAIL": "merlin@localhost",
+    "GIT_COMMITTER_NAME": "merlin",
+    "GIT_COMMITTER_EMAIL": "merlin@localhost",
+}
+# Caches that tools and exit commands leave behind; never part of an attempt's commit.
+IGNORED_IN_COMMITS = ("__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/")
+
+
+def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> str:
+    """Run git in ``cwd`` and return its stdout, stripped; GitError on failure."""
+    full_env = {**os.environ, **GIT_IDENTITY, "GIT_TERMINAL_PROMPT": "0", **(env or {})}
+    proc = subprocess.run(
+        ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def find_repository(path: Path) -> Path:
+    """The top of the git work tree containing ``path``; RepositoryError if there is none."""
+    path = path.expanduser()
+    if not path.is_dir():
+        raise RepositoryError(f"repository path does not exist or is not a folder: {path}")
+    proc = subprocess.run(
+        ["git", "rev-parse", "--is-inside-work-tree", "--show-toplevel"],
+        cwd=path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = proc.stdout.split()
+    if proc.returncode != 0 or not lines or lines[0] != "true":
+        raise RepositoryError(f"not a git work tree: {path.resolve()}")
+    top = Path(lines[1])
+    if git("rev-parse", "--verify", "--quiet", "HEAD^{commit}", cwd=top, check=False) == "":
+        raise RepositoryError(f"git repository {top} has no commits yet: commit something first")
+    return top
+
+
+def head_commit(repo: Path) -> str:
+    """The commit HEAD points at."""
+    return git("rev-parse", "HEAD^{commit}", cwd=repo)
+
+
+def job_branch(job_id: str) -> str:
+    """The branch that carries a job's verified commits."""
+    return f"merlin/{job_id}"
+
+
+def attempt_ref(job_id: str, step_key: str, number: int) -> str:
+    """The ref that keeps one attempt's commit inspectable."""
+    return f"refs/merlin/{job_id}/{step_key}/{number}"
+
+
+def create_branch(repo: Path, branch: str, commit: str) -> None:
+    """Create ``branch`` at ``commit``; GitError if it exists already."""
+    git("update-ref", f"refs/heads/{branch}", commit, "", cwd=repo)
+
+
+def advance_branch(repo: Path, branch: str, new: str, expected_old: str) -> bool:
+    """Move ``branch`` from ``expected_old`` to ``new``; False if it was elsewhere."""
+    if new == expected_old:
+        return True
+    out = subprocess.run(
+        ["git", "update-ref", f"refs/heads/{branch}", new, expected_old],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.returncode == 0
+
+
+def resolve_ref(repo: Path, ref: str) -> str | None:
+    """The commit a ref points at, or None."""
+    value = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=repo, check=False)
+    return value or None
+
+
+def set_ref(repo: Path, ref: str, commit: str) -> None:
+    """Point ``ref`` at ``commit``."""
+    git("update-ref", ref, commit, cwd=repo)
+
+
+def add_worktree(repo: Path, path: Path, commit: str) -> Path:
+    """Create a detached worktree of ``commit`` at ``path``, replacing a stale one."""
+    remove_worktree(repo, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    git("worktree", "add", "--detach", "--force", str(path), commit, cwd=repo)
+    return path
+
+
+def remove_worktree(repo: Path, path: Path) -> None:
+    """Remove a worktree and its administrative files, if present."""
+    if path.exists():
+        git("worktree", "remove", "--force", str(path), cwd=repo, check=False)
+        shutil.rmtree(path, ignore_errors=True)
+    git("worktree", "prune", cwd=repo, check=False)
+
+
+def commit_all(worktree: Path, message: str, excludes_file: Path) -> str:
+    """Commit everything in ``worktree`` (an empty commit if nothing changed)."""
+    excludes = f"core.excludesFile={excludes_file}"
+    git("-c", excludes, "add", "-A", cwd=worktree)
+    git("commit", "--allow-empty", "--no-verify", "-q", "-m", message, cwd=worktree)
+    return git("rev-parse", "HEAD", cwd=worktree)
+
+
+def write_excludes_file(path: Path) -> Path:
+    """Write the ignore patterns used for attempt commits; returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text("\n".join(IGNORED_IN_COMMITS) + "\n")
+    return path
+
+
+def diff(repo: Path, old: str, new: str) -> str:
+    """The patch from ``old`` to ``new``."""
+    return git("diff", "--no-color", old, new, cwd=repo) + "\n" if old != new else ""
+
+
+def changed_files(repo: Path, old: str, new: str) -> list[str]:
+    """Paths changed between two commits."""
+    out = git("diff", "--name-only", old, new, cwd=repo)
+    return [line for line in out.splitlines() if line]
+
+
+def commits_between(repo: Path, old: str, new: str) -> list[str]:
+    """Commits reachable from ``new`` but not ``old``, oldest first."""
+    out = git("rev-list", "--reverse", f"{old}..{new}", cwd=repo)
+    return [line for line in out.splitlines() if line]

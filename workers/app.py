@@ -1,0 +1,64 @@
+"""The Celery app: broker from ``MERLIN_BROKER_URL`` (default: SQLite under MERLIN_HOME).
+
+Settings that make delivery safe for long, expensive steps: late acks, requeue when a
+pool process dies, one message reserved per process, and results ignored (job state
+lives in merlin's store, not in a Celery result backend).
+
+On the embedded ``sqla+sqlite`` broker the polling interval must be set on the transport
+class: kombu passes ``broker_transport_options`` to ``create_engine`` and a
+``polling_interval`` there crashes the worker.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from merlin_flow.settings import Settings, get_settings
+from merlin_flow.workflow import ALL_QUEUES, QUEUES
+
+# Redis: a step may run for many minutes; its message must not be redelivered meanwhile.
+# Our own leases and the recovery sweep recover lost steps much sooner.
+REDIS_VISIBILITY_TIMEOUT = 6 * 3600
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    """Build the Celery app for the given (or current) settings."""
+    settings = settings or get_settings()
+    if settings.broker_is_embedded:
+        import kombu.transport.sqlalchemy as sqla_transport
+
+        sqla_transport.Transport.polling_interval = settings.broker_poll_interval
+        settings.home_dir.mkdir(parents=True, exist_ok=True)
+    app = Celery("merlin_flow", broker=settings.broker, include=["merlin_flow.workflow"])
+    transport_options = {}
+    if settings.broker.startswith(("redis://", "rediss://")):
+        transport_options = {"visibility_timeout": REDIS_VISIBILITY_TIMEOUT}
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        result_backend=None,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue="control",
+        task_routes={name: {"queue": queue} for name, queue in QUEUES.items()},
+        task_create_missing_queues=True,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=transport_options,
+        worker_cancel_long_running_tasks_on_connection_loss=True,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+    )
+    app.conf.merlin_queues = ALL_QUEUES
+    # Our tasks are shared tasks: make this app the one they (and chains) publish through.
+    app.set_default()
+    app.set_current()
+    return app
+
+
+app = create_app()
+
+# Connect the worker's signal hooks (litellm preload, recovery sweeper).
+from workers import roles as _roles  # noqa: E402, F401

@@ -1,0 +1,88 @@
+"""How a worker process starts: signal hooks for the real worker, and the embedded one.
+
+``merlin worker`` runs Celery's own worker (``celery -A workers.app worker``): before the
+pool forks, litellm is imported once; when the worker is ready, the recovery sweeper starts.
+``merlin run`` and ``merlin demo`` use ``EmbeddedWorker``: the same tasks on a solo pool in a
+thread of the calling process.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init, worker_ready, worker_shutdown
+
+from merlin_flow.llm import litellm_module
+from merlin_flow.workflow import ALL_QUEUES, runtime
+from workers.sweeper import Sweeper
+
+_sweepers: list[Sweeper] = []
+
+
+@worker_init.connect
+def _preload(**_: Any) -> None:
+    # Import litellm (seconds) once in the parent, before the pool forks.
+    litellm_module()
+
+
+@worker_ready.connect
+def _start_sweeper(**_: Any) -> None:
+    db, settings = runtime()
+    sweeper = Sweeper(db, settings)
+    sweeper.start()
+    _sweepers.append(sweeper)
+
+
+@worker_shutdown.connect
+def _stop_sweepers(**_: Any) -> None:
+    for sweeper in _sweepers:
+        sweeper.stop()
+
+
+class EmbeddedWorker:
+    """A Celery worker on a solo pool in a background thread of this process."""
+
+    def __init__(self, app: Celery, queues: Sequence[str] = ALL_QUEUES) -> None:
+        """Prepare a worker consuming ``queues``; ``start()`` runs it."""
+        self.app = app
+        self.queues = list(queues)
+        self._worker: Any = None
+        self._thread: threading.Thread | None = None
+        self._sweeper: Sweeper | None = None
+
+    def start(self) -> None:
+        """Start consuming, and the recovery sweeper."""
+        litellm_module()
+        hostname = f"embedded-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+        self._worker = self.app.WorkController(
+            app=self.app,
+            hostname=hostname,
+            pool="solo",
+            concurrency=1,
+            queues=self.queues,
+            loglevel="WARNING",
+            without_heartbeat=True,
+            without_mingle=True,
+            without_gossip=True,
+        )
+        self._thread = threading.Thread(
+            target=self._worker.start, name="merlin-embedded", daemon=True
+        )
+        self._thread.start()
+        db, settings = runtime()
+        self._sweeper = Sweeper(db, settings)
+        self._sweeper.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the sweeper and the worker (after its current task)."""
+        if self._sweeper is not None:
+            self._sweeper.stop()
+        if self._worker is not None:
+            self._worker.stop(in_sighandler=False)
+        if self._thread is not None:
+            self._thread.join(timeout)
