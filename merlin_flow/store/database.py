@@ -131,7 +131,11 @@ def open_database(url: str) -> Database:
                     f"{head_revision()}: run `merlin db upgrade`"
                 )
     except SQLAlchemyError as exc:
+        db.dispose()
         raise StoreError(f"cannot use the database {db.engine.url!r}: {exc}") from None
+    except StoreError:
+        db.dispose()
+        raise
     return db
 
 

@@ -1,0 +1,108 @@
+"""Shared fixtures: an isolated MERLIN_HOME per test and throwaway git repositories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in ``repo`` with a fixed identity; return stdout."""
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "test",
+        "GIT_AUTHOR_EMAIL": "test@example.com",
+        "GIT_COMMITTER_NAME": "test",
+        "GIT_COMMITTER_EMAIL": "test@example.com",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_repo(path: Path, files: dict[str, str]) -> Path:
+    """Create a git repository at ``path`` with ``files`` committed on branch main."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+@pytest.fixture
+def merlin_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """An empty MERLIN_HOME for this test, with embedded database and broker."""
+    home = tmp_path / "merlin-home"
+    monkeypatch.setenv("MERLIN_HOME", str(home))
+    monkeypatch.delenv("MERLIN_DATABASE_URL", raising=False)
+    monkeypatch.delenv("MERLIN_BROKER_URL", raising=False)
+    yield home
+
+
+@pytest.fixture
+def py_repo(tmp_path: Path) -> Path:
+    """A small Python project in a git repository (project kind: python)."""
+    return make_repo(
+        tmp_path / "repo",
+        {
+            "pyproject.toml": '[project]\nname = "sample"\nversion = "0"\n',
+            "app.py": "def answer():\n    return 41\n",
+            "test_app.py": "from app import answer\n\n\ndef test_answer():\n    assert answer() == 42\n",
+        },
+    )
+
+
+POSTGRES_ADMIN_URL = os.environ.get(
+    "MERLIN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+
+
+def _postgres_database() -> Iterator[str]:
+    """A fresh Postgres database for one test; skipped locally, a failure in CI."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import OperationalError
+
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    name = f"merlin_test_{uuid.uuid4().hex[:10]}"
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        if os.environ.get("CI"):
+            pytest.fail(f"Postgres is required in CI but unreachable: {exc}")
+        pytest.skip(f"Postgres unreachable: {exc}")
+    url = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The same test on the embedded SQLite database and on a real Postgres."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'merlin.db'}"
+    else:
+        yield from _postgres_database()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty Postgres database."""
+    yield from _postgres_database()

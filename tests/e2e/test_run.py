@@ -1,0 +1,112 @@
+"""`merlin run` (embedded worker) and `merlin demo`, end to end as subprocesses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import git
+from tests.e2e.helpers import merlin, merlin_env, write_job_files
+
+pytestmark = pytest.mark.e2e
+
+# The cheap tier gets step "fix" wrong twice; the premium tier gets it right.
+LOCAL_WRONG = """\
+rules:
+  - match: 'repair them'
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 40", new: "return 43"}
+  - turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 41", new: "return 40"}
+  - reply: {content: "done"}
+"""
+PREMIUM_RIGHT = """\
+rules:
+  - match: 'solve the step afresh'
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 41", new: "return 42"}
+  - reply: {content: "fixed: 42"}
+"""
+ONE_STEP = """\
+title: Fix answer
+steps:
+  - id: fix
+    step_type: Debug
+    description: answer() must return 42
+"""
+
+
+def test_escalation_execute_fix_escalate(tmp_path: Path, py_repo: Path) -> None:
+    env = merlin_env(tmp_path / "home")
+    tasklist, config = write_job_files(
+        tmp_path / "job", local=LOCAL_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
+    )
+    result = merlin(
+        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    view = json.loads(result.stdout)
+    assert view["status"] == "completed"
+    (step,) = view["steps"]
+    assert step["tier"] == "premium"
+    assert [(a["kind"], a["tier"], a["status"]) for a in step["attempts"]] == [
+        ("execute", "local", "failed"),
+        ("fix", "local", "failed"),
+        ("escalate", "premium", "passed"),
+    ]
+    assert [a["exit_code"] for a in step["attempts"]] == [1, 1, 0]
+    # The failed attempts stay inspectable under their own refs; the branch has the pass.
+    refs = git(py_repo, "for-each-ref", "--format=%(refname)", f"refs/merlin/{view['id']}")
+    assert len(refs.splitlines()) == 3
+    assert "return 43" in git(py_repo, "show", f"refs/merlin/{view['id']}/fix/2:app.py")
+    assert "return 42" in git(py_repo, "show", f"merlin/{view['id']}:app.py")
+    # A premium call was paid for; the local tier here is priced too.
+    assert view["cost_usd"] > 0
+
+
+def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_repo: Path) -> None:
+    env = merlin_env(tmp_path / "home")
+    tasklist, config = write_job_files(
+        tmp_path / "job", local=LOCAL_WRONG, premium="rules: []\n", tasklist=ONE_STEP
+    )
+    result = merlin(
+        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"
+    )
+    assert result.returncode == 1, result.stderr
+    view = json.loads(result.stdout)
+    assert view["status"] == "failed"
+    assert "step fix failed on every tier" in view["error"]
+    attempts = view["steps"][0]["attempts"]
+    assert [(a["kind"], a["tier"], a["status"]) for a in attempts] == [
+        ("execute", "local", "failed"),
+        ("fix", "local", "failed"),
+        ("escalate", "premium", "error"),
+        ("fix", "premium", "error"),
+    ]
+    assert "no rule fits" in attempts[2]["error"]
+    # Nothing verified: the job branch did not move.
+    assert git(py_repo, "rev-parse", f"merlin/{view['id']}") == git(py_repo, "rev-parse", "main")
+
+
+def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:
+    env = merlin_env(tmp_path / "home", COLUMNS="160")
+    result = merlin(env, "demo", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "scripted" in out.lower()
+    assert "next: escalate on tier premium" in out
+    assert "step fix passed on tier premium" in out
+    assert "escalate@premium" in out
+    assert "+    return sum(values) / len(values)" in out
+    assert "completed" in out

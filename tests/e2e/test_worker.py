@@ -1,0 +1,160 @@
+"""End to end on the embedded broker: real `merlin worker` processes, real git, real pytest."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from merlin_flow.jobs import job_view
+from merlin_flow.store import open_database
+from tests.conftest import git
+from tests.e2e.helpers import (
+    kill_worker,
+    merlin,
+    merlin_env,
+    start_worker,
+    status_json,
+    stop_worker,
+    wait_for,
+    write_job_files,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def _submit(env: dict[str, str], tasklist: Path, repo: Path, config: Path) -> str:
+    result = merlin(env, "submit", str(tasklist), "--repo", str(repo), "--config", str(config), "--json")
+    assert result.returncode == 0, result.stderr
+    job_id: str = json.loads(result.stdout)["job_id"]
+    return job_id
+
+
+def _checkout_state(repo: Path) -> tuple[str, str, str, str]:
+    return (
+        git(repo, "rev-parse", "HEAD"),
+        git(repo, "rev-parse", "--abbrev-ref", "HEAD"),
+        git(repo, "status", "--porcelain"),
+        (repo / "app.py").read_text(),
+    )
+
+
+def test_three_step_job_on_a_worker_process(tmp_path: Path, py_repo: Path) -> None:
+    home = tmp_path / "home"
+    env = merlin_env(home)
+    tasklist, config = write_job_files(tmp_path / "job")
+    before = _checkout_state(py_repo)
+    worker = start_worker(env, tmp_path / "worker.log")
+    try:
+        job_id = _submit(env, tasklist, py_repo, config)
+        db = open_database(f"sqlite:///{home / 'merlin.db'}")
+        view = wait_for(
+            lambda: (v := job_view(db, job_id))["finished_at"] and v, 120, "the job to finish"
+        )
+    finally:
+        stop_worker(worker)
+    assert view["status"] == "completed", (tmp_path / "worker.log").read_text()[-3000:]
+
+    status = status_json(env, job_id)
+    assert status["id"] == job_id
+    assert status["status"] == "completed"
+    assert status["branch"] == f"merlin/{job_id}"
+    assert status["error"] is None
+    assert status["cost_usd"] > 0
+    assert [s["id"] for s in status["steps"]] == ["fix", "slow", "docs"]
+    for step in status["steps"]:
+        assert step["status"] == "Completed"
+        assert step["tier"] == "local"
+        assert [(a["tier"], a["kind"], a["exit_code"]) for a in step["attempts"]] == [
+            ("local", "execute", 0)
+        ]
+    assert status["steps"][2]["exit_command"] == "test -f README.md"
+    assert status["steps"][0]["exit_command"] == "python -m pytest -q"
+
+    # One commit per step on the job branch, holding the steps' work.
+    commits = git(py_repo, "rev-list", "--reverse", f"main..merlin/{job_id}").splitlines()
+    assert len(commits) == 3
+    assert git(py_repo, "show", f"merlin/{job_id}:app.py").strip().endswith("return 42")
+    assert "double" in git(py_repo, "show", f"merlin/{job_id}:double.py")
+    # The user's checkout is untouched: same HEAD, branch, clean tree, same file.
+    assert _checkout_state(py_repo) == before
+    patch = Path(status["patch"]).read_text()
+    assert "+    return 42" in patch
+
+
+def _attempt_rows(db: Any, job_id: str) -> list[tuple[str, int, str, int]]:
+    from sqlalchemy import select
+
+    from merlin_flow.store import Attempt, Step
+
+    with db.session() as session:
+        rows = session.execute(
+            select(Step.key, Attempt.number, Attempt.status, Attempt.runs)
+            .join(Attempt, Attempt.step_id == Step.id)
+            .where(Step.job_id == job_id)
+        ).all()
+        return [tuple(row) for row in rows]
+
+
+def test_job_survives_a_worker_killed_mid_step(tmp_path: Path, py_repo: Path) -> None:
+    home = tmp_path / "home"
+    env = merlin_env(home)
+    tasklist, config = write_job_files(tmp_path / "job", sleep_seconds=4, lease_seconds=2)
+    log = tmp_path / "worker.log"
+    first = start_worker(env, log)
+    second = None
+    try:
+        job_id = _submit(env, tasklist, py_repo, config)
+        db = open_database(f"sqlite:///{home / 'merlin.db'}")
+        # Kill the whole worker (main process and pool) while step "slow" is in its attempt.
+        wait_for(
+            lambda: ("slow", 1, "running", 1) in _attempt_rows(db, job_id),
+            90,
+            "step 'slow' to start its attempt",
+        )
+        fix_before = [r for r in _attempt_rows(db, job_id) if r[0] == "fix"]
+        kill_worker(first)
+        assert job_view(db, job_id)["status"] == "running"
+
+        second = start_worker(env, log)
+        max_running: dict[str, int] = {}
+
+        def finished() -> bool:
+            rows = _attempt_rows(db, job_id)
+            for key in {r[0] for r in rows}:
+                running = sum(1 for r in rows if r[0] == key and r[2] == "running")
+                max_running[key] = max(max_running.get(key, 0), running)
+            return job_view(db, job_id)["finished_at"] is not None
+
+        wait_for(finished, 120, "the job to finish after recovery", poll=0.1)
+    finally:
+        kill_worker(first)
+        if second is not None:
+            stop_worker(second)
+    view = job_view(db, job_id)
+    assert view["status"] == "completed", log.read_text()[-4000:]
+    rows = _attempt_rows(db, job_id)
+    # The completed step was not re-run: still its one attempt, run once.
+    assert [r for r in rows if r[0] == "fix"] == fix_before == [("fix", 1, "passed", 1)]
+    # The interrupted attempt was resumed in place (same row, a second run), then passed.
+    assert [r for r in rows if r[0] == "slow"] == [("slow", 1, "passed", 2)]
+    assert max(max_running.values()) <= 1
+    slow = next(s for s in view["steps"] if s["id"] == "slow")
+    assert slow["recoveries"] == 1
+    assert len(git(py_repo, "rev-list", f"main..merlin/{job_id}").splitlines()) == 3
+
+
+def test_status_of_a_pending_job_without_workers(tmp_path: Path, py_repo: Path) -> None:
+    env = merlin_env(tmp_path / "home")
+    tasklist, config = write_job_files(tmp_path / "job")
+    job_id = _submit(env, tasklist, py_repo, config)
+    status = status_json(env, job_id)
+    assert status["status"] == "pending"
+    assert [s["status"] for s in status["steps"]] == ["Pending"] * 3
+    listing = json.loads(merlin(env, "list", "--json").stdout)
+    assert [(j["id"], j["status"]) for j in listing] == [(job_id, "pending")]
+    assert {"id", "status", "title", "repo", "created_at"} <= set(listing[0])
+    time.sleep(0)  # no worker: nothing else happens

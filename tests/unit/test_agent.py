@@ -1,0 +1,276 @@
+"""The agent loop against the offline scripted model and a real Toolbox."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from merlin_flow.agent import (
+    SYSTEM_PROMPT,
+    AgentResult,
+    StepBrief,
+    describe_call,
+    first_messages,
+    run_agent,
+)
+from merlin_flow.config import Tier
+from merlin_flow.errors import AgentError, LeaseLost
+from merlin_flow.llm import Completion
+from merlin_flow.tools import Toolbox
+
+BRIEF = StepBrief(
+    step_id="s1",
+    step_type="code",
+    description="Make answer() return 42",
+    verification="the tests pass",
+    exit_command="pytest -q",
+)
+
+
+class Calls:
+    """An on_call hook that records every model call."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, Completion | None, BaseException | None]] = []
+
+    def __call__(
+        self, seq: int, completion: Completion | None, error: BaseException | None
+    ) -> None:
+        self.seen.append((seq, completion, error))
+
+
+def scripted_tier(tmp_path: Path, rules: list[dict[str, Any]], **extra: Any) -> Tier:
+    path = tmp_path / "script.yaml"
+    path.write_text(yaml.safe_dump({"rules": rules}))
+    return Tier(name="local", model="scripted/" + str(path), **extra)
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments}
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    return work
+
+
+def agent(
+    tier: Tier,
+    workdir: Path,
+    feedback: str | None = None,
+    max_turns: int = 5,
+    on_call: Calls | None = None,
+) -> AgentResult:
+    return run_agent(tier, BRIEF, Toolbox(workdir), feedback, max_turns, on_call or Calls())
+
+
+def test_tool_calls_of_one_reply_run_in_order(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {
+                "turn": 0,
+                "reply": {
+                    "content": "writing then editing",
+                    "tool_calls": [
+                        call("write_file", path="a.txt", content="one\n"),
+                        call("edit_file", path="a.txt", old="one", new="two"),
+                        call("edit_file", path="a.txt", old="two", new="three"),
+                    ],
+                },
+            },
+            # Only answers if every tool reply came back, in order.
+            {
+                "turn": 1,
+                "match": r"wrote 4 characters to a\.txt\s+edited a\.txt\s+edited a\.txt",
+                "reply": {"content": "  done: a.txt says three \n"},
+            },
+        ],
+    )
+    result = agent(tier, workdir)
+    assert (workdir / "a.txt").read_text() == "three\n"
+    assert result.summary == "done: a.txt says three"
+    assert result.turns == 2
+
+
+def test_refused_tool_call_is_shown_to_the_model(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"match": "outside the repository", "reply": {"content": "saw the refusal"}},
+            {
+                "turn": 0,
+                "reply": {
+                    "tool_calls": [
+                        call("write_file", path="../x", content="escaped\n"),
+                        {"name": "read_file", "arguments": "{not json"},
+                    ]
+                },
+            },
+        ],
+    )
+    calls = Calls()
+    result = agent(tier, workdir, on_call=calls)
+    assert result.summary == "saw the refusal"
+    assert result.turns == 2
+    assert not (tmp_path / "x").exists()
+    assert [seq for seq, _, _ in calls.seen] == [0, 1]
+
+
+def test_the_loop_ends_at_the_first_reply_without_tool_calls(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"turn": 0, "reply": {"tool_calls": [call("write_file", path="f.txt", content="1")]}},
+            {"turn": 1, "reply": {"tool_calls": [call("list_files")]}},
+            {"turn": 2, "reply": {"content": "finished"}},
+            # Never reached: the loop must stop at turn 2.
+            {"reply": {"tool_calls": [call("write_file", path="late.txt", content="no")]}},
+        ],
+    )
+    calls = Calls()
+    result = agent(tier, workdir, max_turns=10, on_call=calls)
+    assert result.turns == 3
+    assert result.summary == "finished"
+    assert len(calls.seen) == 3
+    assert not (workdir / "late.txt").exists()
+
+
+def test_answer_at_once_is_one_turn(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(tmp_path, [{"reply": {"content": "nothing to do"}}])
+    assert agent(tier, workdir) == AgentResult(summary="nothing to do", turns=1)
+
+
+def test_empty_answer_gives_an_empty_summary(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(tmp_path, [{"reply": {"content": None}}])
+    assert agent(tier, workdir) == AgentResult(summary="", turns=1)
+
+
+def test_turn_limit(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(tmp_path, [{"reply": {"tool_calls": [call("list_files")]}}])
+    calls = Calls()
+    with pytest.raises(AgentError, match="turn limit reached: 3 model replies"):
+        agent(tier, workdir, max_turns=3, on_call=calls)
+    assert [seq for seq, _, _ in calls.seen] == [0, 1, 2]
+
+
+def test_no_fitting_rule_is_a_model_call_failure(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"turn": 0, "reply": {"tool_calls": [call("list_files")]}},
+            {"turn": 5, "reply": {"content": "unreachable"}},
+        ],
+    )
+    calls = Calls()
+    with pytest.raises(AgentError, match="model call failed on tier 'local'") as info:
+        agent(tier, workdir, on_call=calls)
+    assert "no rule fits the conversation at turn 1" in str(info.value)
+    assert len(calls.seen) == 2
+    seq, completion, error = calls.seen[1]
+    assert (seq, completion) == (1, None)
+    assert error is not None
+
+
+def test_missing_script_is_a_model_call_failure(tmp_path: Path, workdir: Path) -> None:
+    tier = Tier(name="local", model="scripted/" + str(tmp_path / "missing.yaml"))
+    with pytest.raises(AgentError, match="model call failed on tier 'local'") as info:
+        agent(tier, workdir)
+    assert "does not exist" in str(info.value)
+
+
+def test_on_call_once_per_model_call_with_usage(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"turn": 0, "reply": {"tool_calls": [call("write_file", path="u.txt", content="u")]}},
+            {"turn": 1, "reply": {"content": "ok"}},
+        ],
+        price_in=1.0,
+        price_out=2.0,
+    )
+    calls = Calls()
+    agent(tier, workdir, on_call=calls)
+    assert [seq for seq, _, _ in calls.seen] == [0, 1]
+    for _seq, completion, error in calls.seen:
+        assert error is None
+        assert completion is not None
+        assert completion.prompt_tokens > 0
+        assert completion.completion_tokens > 0
+        expected = (completion.prompt_tokens * 1.0 + completion.completion_tokens * 2.0) / 1e6
+        assert completion.cost_usd == pytest.approx(expected)
+        assert len(completion.request_hash) == 64
+    first, second = (c for _, c, _ in calls.seen)
+    assert first is not None
+    assert second is not None
+    # The second request carries the whole conversation so far.
+    assert second.prompt_tokens > first.prompt_tokens
+    assert describe_call(first) == 'tools: ["write_file"]'
+    assert describe_call(second) == "answered"
+
+
+def test_check_alive_runs_before_each_call_and_can_stop(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(tmp_path, [{"reply": {"tool_calls": [call("list_files")]}}])
+    checks: list[int] = []
+    calls = Calls()
+
+    def check_alive() -> None:
+        checks.append(len(calls.seen))
+        if len(checks) == 3:
+            raise LeaseLost("another worker took the step")
+
+    with pytest.raises(LeaseLost):
+        run_agent(tier, BRIEF, Toolbox(workdir), None, 10, calls, check_alive)
+    assert checks == [0, 1, 2]
+    assert len(calls.seen) == 2
+
+
+def test_feedback_is_in_the_first_user_message() -> None:
+    feedback = "exit code 1: AssertionError: assert 41 == 42"
+    system, user = first_messages(BRIEF, feedback)
+    assert system == {"role": "system", "content": SYSTEM_PROMPT}
+    assert user["role"] == "user"
+    assert "Step s1 (code): Make answer() return 42" in user["content"]
+    assert "Done when: the tests pass" in user["content"]
+    assert "Exit command that must succeed: pytest -q" in user["content"]
+    assert "Earlier attempts at this step failed:" in user["content"]
+    assert user["content"].endswith(feedback)
+
+    _, fresh = first_messages(BRIEF, None)
+    assert "Earlier attempts" not in fresh["content"]
+    assert "AssertionError" not in fresh["content"]
+
+
+def test_brief_without_verification_has_no_done_when_line() -> None:
+    brief = StepBrief("s2", "test", "Add a test", "", "pytest")
+    _, user = first_messages(brief, None)
+    assert "Done when" not in user["content"]
+    assert "Exit command that must succeed: pytest" in user["content"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="agent.py first_messages filters `line is not None`, but the missing "
+    "verification line is '' (not None), so a blank line is left in its place",
+)
+def test_brief_without_verification_leaves_no_blank_line() -> None:
+    brief = StepBrief("s2", "test", "Add a test", "", "pytest")
+    _, user = first_messages(brief, None)
+    assert user["content"] == "Step s2 (test): Add a test\nExit command that must succeed: pytest"
+
+
+def test_the_model_sees_the_feedback(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"match": "assert 41 == 42", "reply": {"content": "fixing the off-by-one"}},
+            {"reply": {"content": "no feedback seen"}},
+        ],
+    )
+    assert agent(tier, workdir, feedback="assert 41 == 42").summary == "fixing the off-by-one"
+    assert agent(tier, workdir, feedback=None).summary == "no feedback seen"

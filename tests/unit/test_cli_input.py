@@ -1,0 +1,195 @@
+"""Bad input to the real CLI: exit code 2, a clear message, and nothing enqueued or written."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from merlin_flow.cli.app import app
+from tests.conftest import git, make_repo
+
+GOOD_STEP = """\
+  - id: fix
+    step_type: Debug
+    description: Make answer() return 42.
+"""
+
+MERLIN_TOML = '[[tiers]]\nname = "local"\nmodel = "scripted/local.yaml"\n'
+
+
+@dataclass
+class Case:
+    tasklist: str
+    expected: tuple[str, ...]
+    repo: str = "repo"  # "repo" (a good git repository) or "plain" (a plain folder)
+    config: str | None = None  # text of a --config file, if any
+
+
+CASES = {
+    "malformed-yaml": Case(
+        "title: x\nsteps:\n  - id: fix\n    description: [unclosed\n",
+        ("malformed YAML", "line", "column"),
+    ),
+    "unknown-step-type": Case(
+        "title: x\nsteps:\n  - id: fix\n    step_type: Debugg\n    description: d\n",
+        ("steps[0]", "step_type"),
+    ),
+    "duplicate-step-ids": Case(
+        "title: x\nsteps:\n" + GOOD_STEP + GOOD_STEP, ("duplicate step id 'fix'",)
+    ),
+    "depends-on-cycle": Case(
+        "title: x\nsteps:\n"
+        "  - {id: a, step_type: Debug, description: d, depends_on: [b]}\n"
+        "  - {id: b, step_type: Debug, description: d, depends_on: [a]}\n",
+        ("cycle",),
+    ),
+    "not-a-git-repository": Case(
+        "title: x\nsteps:\n" + GOOD_STEP, ("not a git work tree", "plain"), repo="plain"
+    ),
+    "unknown-tier": Case(
+        "title: x\nsteps:\n" + GOOD_STEP + "    tier: nope\n",
+        ("unknown tier 'nope'", "configured tiers: local"),
+    ),
+    "missing-script": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("tier 'ghost'", "missing-script.yaml", "does not exist"),
+        config='[[tiers]]\nname = "ghost"\nmodel = "scripted/missing-script.yaml"\n',
+    ),
+    "empty-steps": Case("title: Nothing to do\nsteps: []\n", ("no steps",)),
+}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A Python project with a scripted-only merlin.toml (no real model is ever needed)."""
+    return make_repo(
+        tmp_path / "repo",
+        {
+            "pyproject.toml": '[project]\nname = "sample"\nversion = "0"\n',
+            "app.py": "def answer():\n    return 41\n",
+            "merlin.toml": MERLIN_TOML,
+            "local.yaml": "rules: []\n",
+        },
+    )
+
+
+def squash(text: str) -> str:
+    """The text without whitespace: rich may wrap long lines anywhere in a narrow console."""
+    return "".join(text.split())
+
+
+def job_rows(home: Path) -> int:
+    db = home / "merlin.db"
+    if not db.exists():
+        return 0
+    with closing(sqlite3.connect(db)) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] if "jobs" in tables else 0
+
+
+def broker_dbs(home: Path) -> set[Path]:
+    """$MERLIN_HOME/broker.db, and the broker the in-process Celery app really publishes to.
+
+    workers.app builds its Celery app once, at import, from the MERLIN_HOME of that
+    moment; later tests in the same process publish to that first broker.
+    """
+    paths = {home / "broker.db"}
+    module = sys.modules.get("workers.app")
+    if module is not None:
+        url = str(module.app.conf.broker_url)
+        if url.startswith("sqla+sqlite:///"):
+            paths.add(Path(url.removeprefix("sqla+sqlite:///")))
+    return paths
+
+
+def broker_messages(home: Path) -> dict[Path, int]:
+    counts = {}
+    for db in broker_dbs(home):
+        counts[db] = 0
+        if not db.exists():
+            continue
+        with closing(sqlite3.connect(db)) as conn:
+            tables = {
+                r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+            }
+            if "kombu_message" in tables:
+                counts[db] = conn.execute("SELECT COUNT(*) FROM kombu_message").fetchone()[0]
+    return counts
+
+
+def new_broker_messages(home: Path, before: dict[Path, int]) -> int:
+    return sum(count - before.get(db, 0) for db, count in broker_messages(home).items())
+
+
+def assert_nothing_written(home: Path, repo: Path, broker_before: dict[Path, int]) -> None:
+    assert job_rows(home) == 0
+    assert new_broker_messages(home, broker_before) == 0
+    assert git(repo, "branch", "--list", "merlin/*") == ""
+    assert git(repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_bad_input_is_refused(
+    command: str,
+    case_name: str,
+    merlin_home: Path,
+    repo: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    case = CASES[case_name]
+    # git must not find an enclosing repository above the plain folder
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    tasklist = tmp_path / "tasklist.yaml"
+    tasklist.write_text(case.tasklist)
+    target = repo
+    if case.repo == "plain":
+        target = tmp_path / "plain"
+        target.mkdir()
+    args = [command, str(tasklist), "--repo", str(target)]
+    if case.config is not None:
+        config = tmp_path / "conf" / "merlin.toml"
+        config.parent.mkdir()
+        config.write_text(case.config)
+        args += ["--config", str(config)]
+
+    broker_before = broker_messages(merlin_home)
+
+    result = CliRunner().invoke(app, args)
+
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    output = squash(result.output)
+    assert "error:" in output
+    for expected in case.expected:
+        assert squash(expected) in output, result.output
+    assert_nothing_written(merlin_home, repo, broker_before)
+
+
+def test_status_of_unknown_job(merlin_home: Path) -> None:
+    result = CliRunner().invoke(app, ["status", "nosuchjob"])
+    assert result.exit_code == 2, result.output
+    assert "no job with id 'nosuchjob'" in " ".join(result.output.split())
+    assert job_rows(merlin_home) == 0
+
+
+def test_valid_submit_is_detected_by_the_same_checks(
+    merlin_home: Path, repo: Path, tmp_path: Path
+) -> None:
+    # control: the checks above do see a job, its branch and its queued message
+    tasklist = tmp_path / "tasklist.yaml"
+    tasklist.write_text("title: ok\nsteps:\n" + GOOD_STEP)
+    broker_before = broker_messages(merlin_home)
+    result = CliRunner().invoke(app, ["submit", str(tasklist), "--repo", str(repo)])
+    assert result.exit_code == 0, result.output
+    job_id = result.output.strip().splitlines()[-1]
+    assert job_rows(merlin_home) == 1
+    assert git(repo, "branch", "--list", "merlin/*").strip("* ") == f"merlin/{job_id}"
+    assert new_broker_messages(merlin_home, broker_before) >= 1

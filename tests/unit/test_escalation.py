@@ -1,0 +1,153 @@
+"""escalation.decide and feedback_for: what follows a failed attempt, and what it is told."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from merlin_flow.escalation import (
+    FEEDBACK_CHARS,
+    AttemptKind,
+    NextAttempt,
+    decide,
+    failure_reason,
+    feedback_for,
+)
+from merlin_flow.store import Attempt
+
+E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
+
+
+def attempt(
+    number: int,
+    kind: AttemptKind,
+    tier: str = "local",
+    status: str = "failed",
+    exit_code: int | None = 1,
+    error: str | None = None,
+    output_tail: str | None = None,
+) -> Any:
+    return SimpleNamespace(
+        number=number,
+        kind=kind.value,
+        tier=tier,
+        status=status,
+        exit_code=exit_code,
+        error=error,
+        output_tail=output_tail,
+    )
+
+
+def history(*kinds: AttemptKind) -> list[Any]:
+    return [attempt(n, kind) for n, kind in enumerate(kinds, start=1)]
+
+
+REASON = "exit command failed with exit code 1"
+
+# (attempt kinds so far, tier index, tier count, fix_attempts) -> expected next attempt
+CASES = [
+    pytest.param((E,), 0, 3, 1, NextAttempt(F, 0, REASON), id="execute fails -> fix same tier"),
+    pytest.param((E, F), 0, 3, 1, NextAttempt(X, 1, REASON), id="execute+fix fail -> escalate"),
+    pytest.param((E,), 0, 3, 0, NextAttempt(X, 1, REASON), id="no fixes -> escalate directly"),
+    pytest.param((E, F), 2, 3, 1, None, id="last tier after fixes -> give up"),
+    pytest.param((E,), 0, 1, 0, None, id="single tier, no fixes -> give up"),
+    pytest.param(
+        (E, F, X), 1, 3, 1, NextAttempt(F, 1, REASON), id="escalate fails -> fix new tier"
+    ),
+    pytest.param((E, F, X, F), 1, 3, 1, NextAttempt(X, 2, REASON), id="fix on new tier -> next"),
+    pytest.param((E, F, X, F), 2, 3, 1, None, id="fixed on last tier -> give up"),
+    pytest.param((E, F), 0, 3, 2, NextAttempt(F, 0, REASON), id="two fixes allowed -> fix again"),
+    pytest.param((E, F, F), 0, 3, 2, NextAttempt(X, 1, REASON), id="two fixes used -> escalate"),
+    pytest.param((E, X), 1, 3, 0, NextAttempt(X, 2, REASON), id="escalate without fixes"),
+]
+
+
+@pytest.mark.parametrize(("kinds", "tier_index", "tier_count", "fixes", "expected"), CASES)
+def test_decide(
+    kinds: tuple[AttemptKind, ...],
+    tier_index: int,
+    tier_count: int,
+    fixes: int,
+    expected: NextAttempt | None,
+) -> None:
+    assert decide(history(*kinds), tier_index, tier_count, fixes) == expected
+
+
+def test_decide_with_real_attempt_rows() -> None:
+    rows = [
+        Attempt(number=1, kind="execute", tier="local", status="failed", exit_code=2),
+        Attempt(number=2, kind="fix", tier="local", status="error", error="turn limit"),
+    ]
+    assert decide(rows[:1], 0, 2, 1) == NextAttempt(F, 0, "exit command failed with exit code 2")
+    assert decide(rows, 0, 2, 1) == NextAttempt(X, 1, "turn limit")
+
+
+def test_failure_reason_prefers_error() -> None:
+    assert failure_reason(attempt(1, E, error="model refused")) == "model refused"
+    assert failure_reason(attempt(1, E, exit_code=3)) == "exit command failed with exit code 3"
+
+
+# --- feedback_for ----------------------------------------------------------------------
+
+
+def test_execute_gets_no_feedback() -> None:
+    assert feedback_for(E, []) is None
+    assert feedback_for(E, [attempt(1, E, output_tail="boom")]) is None
+
+
+def test_no_failed_attempts_gives_no_feedback() -> None:
+    assert feedback_for(F, [attempt(1, E, status="passed", exit_code=0)]) is None
+
+
+def test_fix_gets_only_the_last_failure() -> None:
+    attempts = [
+        attempt(1, E, output_tail="FIRST OUTPUT", exit_code=1),
+        attempt(2, F, output_tail="  SECOND OUTPUT\n", exit_code=4),
+    ]
+    text = feedback_for(F, attempts)
+    assert text is not None
+    assert "FIRST OUTPUT" not in text
+    assert "Attempt 2 (fix on tier local): exit command failed with exit code 4" in text
+    assert "Output (tail):\nSECOND OUTPUT\n" in text
+    assert text.endswith("repair them.")
+
+
+def test_fix_feedback_keeps_the_tail_of_long_output() -> None:
+    output = "HEAD" + "x" * (FEEDBACK_CHARS * 2) + "TAIL"
+    text = feedback_for(F, [attempt(1, E, output_tail=output)])
+    assert text is not None
+    assert "TAIL" in text
+    assert "HEAD" not in text
+
+
+def test_escalate_gets_all_failures() -> None:
+    attempts = [
+        attempt(1, E, tier="local", output_tail="OUT-ONE", exit_code=1),
+        attempt(2, F, tier="local", status="error", error="turn limit", exit_code=None),
+        attempt(3, F, tier="local", output_tail="OUT-THREE", exit_code=5),
+    ]
+    text = feedback_for(X, attempts)
+    assert text is not None
+    for expected in (
+        "Attempt 1 (execute on tier local): exit command failed with exit code 1",
+        "OUT-ONE",
+        "Attempt 2 (fix on tier local): turn limit",
+        "Attempt 3 (fix on tier local): exit command failed with exit code 5",
+        "OUT-THREE",
+    ):
+        assert expected in text
+    assert text.index("Attempt 1") < text.index("Attempt 2") < text.index("Attempt 3")
+    assert text.endswith("solve the step afresh.")
+
+
+def test_escalate_ignores_attempts_that_did_not_fail() -> None:
+    attempts = [
+        attempt(1, E, status="running", output_tail="STILL-RUNNING"),
+        attempt(2, E, output_tail="REAL-FAILURE"),
+    ]
+    text = feedback_for(X, attempts)
+    assert text is not None
+    assert "STILL-RUNNING" not in text
+    assert "REAL-FAILURE" in text

@@ -1,0 +1,136 @@
+"""Leases and the recovery sweep, on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.jobs import create_job, job_view
+from merlin_flow.leases import QUEUED, claim, renew
+from merlin_flow.recovery import sweep
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Step, upgrade, utcnow
+from merlin_flow.tasklist import parse_tasklist
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[Database]:
+    database = Database(database_url)
+    upgrade(database)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home")
+
+
+def _job(db: Database, settings: Settings, repo: Path, tmp_path: Path, max_recoveries: int = 2) -> str:
+    script = tmp_path / "s.yaml"
+    script.write_text("rules: []\n")
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{script}")],
+        limits={"max_recoveries": max_recoveries},  # type: ignore[arg-type]
+    )
+    tasklist = parse_tasklist(
+        {
+            "title": "t",
+            "steps": [
+                {"id": "a", "step_type": "Debug", "description": "x"},
+                {"id": "b", "step_type": "Test", "description": "y"},
+            ],
+        }
+    )
+    return create_job(db, settings, tasklist, repo, config)
+
+
+def _step(db: Database, job_id: str, key: str) -> Step:
+    with db.session() as session:
+        return session.scalars(select(Step).where(Step.job_id == job_id, Step.key == key)).one()
+
+
+def _set_lease(db: Database, step_id: int, owner: str | None, seconds: float) -> None:
+    with db.session() as session:
+        session.execute(
+            update(Step)
+            .where(Step.id == step_id)
+            .values(lease_owner=owner, lease_expires_at=utcnow() + timedelta(seconds=seconds))
+        )
+
+
+def test_only_one_claim_wins(db: Database, settings: Settings, py_repo: Path, tmp_path: Path) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    step = _step(db, job_id, "a")
+    assert step.lease_owner == QUEUED
+    assert claim(db, step.id, "attempt", "worker-1", 30)
+    assert not claim(db, step.id, "attempt", "worker-2", 30)
+    assert not claim(db, step.id, "verify", "worker-2", 30)  # wrong phase
+    assert renew(db, step.id, "worker-1", 30)
+    assert not renew(db, step.id, "worker-2", 30)
+    assert _step(db, job_id, "a").deliveries == 1
+
+
+def test_an_expired_lease_can_be_taken_over(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    step = _step(db, job_id, "a")
+    assert claim(db, step.id, "attempt", "worker-1", 30)
+    _set_lease(db, step.id, "worker-1", -1)
+    assert claim(db, step.id, "attempt", "worker-2", 30)
+    assert not renew(db, step.id, "worker-1", 30)
+    assert _step(db, job_id, "a").deliveries == 2
+
+
+def test_sweep_leaves_live_leases_alone(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    step = _step(db, job_id, "a")
+    assert claim(db, step.id, "attempt", "worker-1", 30)
+    enqueued: list[str] = []
+    assert sweep(db, settings, enqueued.append) == []
+    assert enqueued == []
+    assert _step(db, job_id, "a").lease_owner == "worker-1"
+
+
+def test_sweep_recovers_then_gives_up_as_worker_lost(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path, max_recoveries=2)
+    step = _step(db, job_id, "a")
+    enqueued: list[str] = []
+    for expected in (1, 2):
+        _set_lease(db, step.id, f"dead-worker-{expected}", -1)
+        assert sweep(db, settings, enqueued.append) == [job_id]
+        recovered = _step(db, job_id, "a")
+        assert recovered.recoveries == expected
+        assert recovered.lease_owner == QUEUED
+    assert enqueued == [job_id, job_id]
+    _set_lease(db, step.id, "dead-worker-3", -1)
+    assert sweep(db, settings, enqueued.append) == []
+    view = job_view(db, job_id)
+    assert view["status"] == "failed"
+    assert "worker lost" in view["error"]
+    assert view["steps"][0]["status"] == "Failed"
+    assert view["finished_at"] is not None
+
+
+def test_sweep_requeues_a_stale_queued_step_without_counting(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    step = _step(db, job_id, "a")
+    _set_lease(db, step.id, QUEUED, -1)
+    enqueued: list[str] = []
+    assert sweep(db, settings, enqueued.append) == [job_id]
+    assert _step(db, job_id, "a").recoveries == 0
+    # A second sweep right after finds a fresh handoff lease and does nothing.
+    assert sweep(db, settings, enqueued.append) == []
+    assert enqueued == [job_id]

@@ -1,0 +1,157 @@
+"""run_command: exit code, output tail, and the whole process group killed afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from merlin_flow.process import TIMEOUT_EXIT_CODE, run_command, tool_environment
+
+
+def process_gone(pid: int, wait: float = 2.0) -> bool:
+    """True once ``pid`` no longer runs (absent, or a zombie waiting for init to reap it)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return True
+        state = next((line for line in status.splitlines() if line.startswith("State:")), "")
+        if state.split()[1:2] in (["Z"], ["X"]):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def read_pid(path: Path) -> int:
+    deadline = time.monotonic() + 2
+    while not path.exists() or not path.read_text().strip():
+        assert time.monotonic() < deadline, f"{path} was never written"
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+@pytest.fixture
+def cleanup_pids() -> Iterator[list[int]]:
+    """Pids to SIGKILL after the test, so a failing test leaves no sleeper behind."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_exit_code_and_output(tmp_path: Path) -> None:
+    result = run_command(["sh", "-c", "echo out; echo err >&2; exit 3"], tmp_path, 5)
+    assert result.exit_code == 3
+    assert result.output_tail == "out\nerr\n"
+    assert not result.timed_out
+    assert not result.ok
+    assert result.duration >= 0
+
+
+def test_success_is_ok(tmp_path: Path) -> None:
+    result = run_command(["true"], tmp_path, 5)
+    assert result.exit_code == 0
+    assert result.ok
+    assert result.output_tail == ""
+
+
+def test_only_the_tail_of_the_output_is_kept(tmp_path: Path) -> None:
+    script = "for i in $(seq 1 2000); do echo line$i; done"
+    result = run_command(["sh", "-c", script], tmp_path, 5, tail_chars=50)
+    assert len(result.output_tail) == 50
+    assert result.output_tail.endswith("line1999\nline2000\n")
+    assert "line1\n" not in result.output_tail
+
+
+def test_runs_in_cwd_with_the_given_environment(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "MERLIN_PROBE": "42"}
+    result = run_command(["sh", "-c", 'pwd -P; echo "$MERLIN_PROBE"'], tmp_path, 5, env)
+    assert result.output_tail.splitlines() == [str(tmp_path.resolve()), "42"]
+
+
+def test_stdin_is_closed(tmp_path: Path) -> None:
+    result = run_command(["cat"], tmp_path, 5)
+    assert result.ok
+    assert not result.timed_out
+
+
+def test_undecodable_output_is_replaced(tmp_path: Path) -> None:
+    result = run_command(["sh", "-c", r"printf 'a\377b'"], tmp_path, 5)
+    assert result.output_tail == "a\ufffdb"
+
+
+def test_missing_program_is_127_with_a_message(tmp_path: Path) -> None:
+    result = run_command(["merlin-no-such-program-xyz", "--flag"], tmp_path, 5)
+    assert result.exit_code == 127
+    assert "cannot run 'merlin-no-such-program-xyz'" in result.output_tail
+    assert not result.timed_out
+    assert not result.ok
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path: Path, cleanup_pids: list[int]) -> None:
+    started = time.monotonic()
+    result = run_command(
+        ["sh", "-c", "sleep 300 & echo $! > child.pid; echo started; sleep 300"], tmp_path, 1
+    )
+    elapsed = time.monotonic() - started
+    child = read_pid(tmp_path / "child.pid")
+    cleanup_pids.append(child)
+
+    assert result.timed_out
+    assert result.exit_code == TIMEOUT_EXIT_CODE == 124
+    assert not result.ok
+    assert result.output_tail.startswith("started\n")
+    assert "timed out after 1 s" in result.output_tail
+    assert 0.9 <= elapsed < 5
+    assert process_gone(child), f"background child {child} survived the timeout"
+
+
+def test_background_child_is_killed_after_a_successful_command(
+    tmp_path: Path, cleanup_pids: list[int]
+) -> None:
+    started = time.monotonic()
+    # The child inherits the output file; the call must neither wait for it nor leave it.
+    result = run_command(
+        ["sh", "-c", "sleep 300 & echo $! > child.pid; echo done; exit 0"], tmp_path, 30
+    )
+    elapsed = time.monotonic() - started
+    child = read_pid(tmp_path / "child.pid")
+    cleanup_pids.append(child)
+
+    assert result.ok
+    assert not result.timed_out
+    assert result.output_tail == "done\n"
+    assert elapsed < 5
+    assert process_gone(child), f"background child {child} outlived its command"
+
+
+def test_command_runs_in_its_own_session(tmp_path: Path) -> None:
+    probe = "import os; print(os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())"
+    result = run_command([sys.executable, "-c", probe], tmp_path, 10)
+    assert result.output_tail.split() == ["True", "True"]
+
+
+def test_tool_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/somewhere")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    env = tool_environment("/opt/merlin/bin")
+    assert env["PATH"] == "/opt/merlin/bin" + os.pathsep + "/usr/bin:/bin"
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert "PYTHONPATH" not in env
+    assert os.environ["PYTHONPATH"] == "/somewhere"  # the worker's own environment is intact
+    assert tool_environment()["PATH"] == "/usr/bin:/bin"

@@ -1,0 +1,268 @@
+"""The scripted model: rule matching, token counting, script loading, and litellm."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from merlin_flow.config import Tier
+from merlin_flow.errors import ConfigError
+from merlin_flow.scripted import Script, conversation_text, count_tokens, load_script
+
+
+def script(*rules: dict[str, Any]) -> Script:
+    return Script.model_validate({"rules": list(rules)})
+
+
+def reply(content: str) -> dict[str, Any]:
+    return {"reply": {"content": content}}
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, **extra}
+
+
+def content_of(s: Script, messages: list[dict[str, Any]]) -> str | None:
+    found = s.reply_for(messages)
+    return None if found is None else found.content
+
+
+# --- reply_for -------------------------------------------------------------------------
+
+
+def test_first_fitting_rule_wins() -> None:
+    s = script(
+        {"match": "absent", **reply("never")},
+        {"match": "div", **reply("first")},
+        {"match": "divide", **reply("second")},
+        reply("catch-all"),
+    )
+    assert content_of(s, [user("please fix divide()")]) == "first"
+    assert content_of(s, [user("something else")]) == "catch-all"
+
+
+def test_match_is_a_regex_search_over_all_messages() -> None:
+    s = script({"match": r"exit code \d+", **reply("saw failure")})
+    messages = [
+        {"role": "system", "content": "you are an agent"},
+        user("fix it"),
+        assistant(
+            None,
+            tool_calls=[
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "run_command", "arguments": '{"command": "pytest"}'},
+                }
+            ],
+        ),
+        {"role": "tool", "tool_call_id": "c1", "content": "exit code 1\nFAILED test_x"},
+    ]
+    # the match is only in the tool message, and not at the start of it
+    assert content_of(s, messages) == "saw failure"
+    assert content_of(s, messages[:3]) is None
+
+
+def test_match_sees_tool_call_arguments_and_list_content() -> None:
+    s = script({"match": "calc\\.py", **reply("args")}, {"match": "PART2", **reply("list")})
+    call = {"function": {"name": "write_file", "arguments": '{"path": "calc.py"}'}}
+    assert content_of(s, [assistant(None, tool_calls=[call])]) == "args"
+    parts = [{"type": "text", "text": "PART1"}, {"type": "text", "text": "PART2"}]
+    assert content_of(s, [{"role": "user", "content": parts}]) == "list"
+
+
+def test_conversation_text_joins_messages_as_paragraphs() -> None:
+    text = conversation_text([user("one"), user("two"), {"role": "assistant", "content": None}])
+    assert text == "one\n\ntwo"
+
+
+def test_turn_counts_assistant_messages() -> None:
+    s = script(
+        {"turn": 0, **reply("t0")},
+        {"turn": 1, **reply("t1")},
+        {"turn": 2, "match": "tests pass", **reply("t2-pass")},
+    )
+    convo = [{"role": "system", "content": "sys"}, user("go")]
+    assert content_of(s, convo) == "t0"
+    # tool and user messages do not count as turns
+    convo += [assistant("a"), {"role": "tool", "tool_call_id": "x", "content": "out"}, user("u")]
+    assert content_of(s, convo) == "t1"
+    convo += [assistant("b")]
+    assert content_of(s, convo) is None
+    convo += [user("tests pass")]
+    assert content_of(s, convo) == "t2-pass"
+
+
+def test_no_rule_fits_gives_none() -> None:
+    assert script().reply_for([user("x")]) is None
+    assert script({"match": "^zzz$", **reply("z")}).reply_for([user("x")]) is None
+
+
+def test_reply_for_is_pure() -> None:
+    s = script({"turn": 0, **reply("once")})
+    messages = [user("x")]
+    assert content_of(s, messages) == "once"
+    assert content_of(s, messages) == "once"
+
+
+# --- count_tokens ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"), [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2), ("x" * 400, 100)]
+)
+def test_count_tokens(text: str, tokens: int) -> None:
+    assert count_tokens(text) == tokens
+    assert count_tokens(text) == tokens  # no hidden state between calls
+
+
+# --- load_script -----------------------------------------------------------------------
+
+
+def test_load_script_valid(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "rules:\n"
+        "  - match: divide\n"
+        "    reply:\n"
+        "      tool_calls:\n"
+        "        - name: write_file\n"
+        "          arguments: {path: calc.py, content: x}\n"
+    )
+    loaded = load_script(path)
+    found = loaded.reply_for([user("divide")])
+    assert found is not None
+    assert found.tool_calls[0].name == "write_file"
+    assert json.loads(found.tool_calls[0].arguments_json()) == {"path": "calc.py", "content": "x"}
+
+
+def test_load_script_reloads_after_change(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("rules: []\n")
+    assert load_script(path).rules == []
+    path.write_text("rules:\n  - reply: {content: hi}\n")
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert len(load_script(path).rules) == 1
+
+
+def test_load_script_missing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist") as info:
+        load_script(tmp_path / "nope.yaml")
+    assert str(tmp_path / "nope.yaml") in str(info.value)
+
+
+def test_load_script_bad_regex(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("rules:\n  - match: '(unclosed'\n    reply: {content: x}\n")
+    with pytest.raises(ConfigError, match=r"invalid scripted model file .*rules\.0\.match") as info:
+        load_script(path)
+    assert "invalid regular expression" in str(info.value)
+
+
+def test_load_script_unknown_key(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("rules:\n  - reply: {content: x}\n    when: always\n")
+    with pytest.raises(ConfigError, match=r"rules\.0\.when"):
+        load_script(path)
+
+
+def test_load_script_unknown_reply_key(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("rules:\n  - reply: {text: x}\n")
+    with pytest.raises(ConfigError, match=r"rules\.0\.reply\.text"):
+        load_script(path)
+
+
+def test_load_script_malformed_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("rules: [\n")
+    with pytest.raises(ConfigError, match="cannot read scripted model file"):
+        load_script(path)
+
+
+def test_load_script_negative_turn(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("rules:\n  - turn: -1\n    reply: {content: x}\n")
+    with pytest.raises(ConfigError, match=r"rules\.0\.turn"):
+        load_script(path)
+
+
+# --- through litellm -------------------------------------------------------------------
+
+
+def test_completion_through_litellm(tmp_path: Path) -> None:
+    import litellm
+
+    from merlin_flow.llm import complete
+    from merlin_flow.tools import TOOL_SCHEMAS
+
+    path = tmp_path / "model.yaml"
+    rule = {
+        "match": "divide",
+        "turn": 0,
+        "reply": {
+            "content": "writing the fix",
+            "tool_calls": [
+                {
+                    "name": "write_file",
+                    "arguments": {
+                        "path": "calc.py",
+                        "content": "def divide(a, b):\n    return a / b\n",
+                    },
+                },
+                # arguments may also be given as a ready JSON string
+                {"name": "run_command", "arguments": '{"command": "pytest -q"}'},
+            ],
+        },
+    }
+    path.write_text(yaml.safe_dump({"rules": [rule]}))
+    tier = Tier(name="t", model=f"scripted/{path}", price_in=1.0, price_out=2.0)
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix divide() in calc.py"},
+    ]
+    first = complete(tier, messages, TOOL_SCHEMAS)
+    second = complete(tier, messages, TOOL_SCHEMAS)
+
+    assert first.message["role"] == "assistant"
+    assert first.message["content"] == "writing the fix"
+    calls = first.tool_calls
+    assert [c["type"] for c in calls] == ["function", "function"]
+    assert [c["function"]["name"] for c in calls] == ["write_file", "run_command"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {
+        "path": "calc.py",
+        "content": "def divide(a, b):\n    return a / b\n",
+    }
+    assert json.loads(calls[1]["function"]["arguments"]) == {"command": "pytest -q"}
+    assert all(isinstance(c["id"], str) and c["id"] for c in calls)
+    assert len({c["id"] for c in calls}) == 2
+
+    expected_prompt = count_tokens(conversation_text(messages))
+    expected_completion = count_tokens(conversation_text([first.message]))
+    assert first.prompt_tokens == expected_prompt > 0
+    assert first.completion_tokens == expected_completion > 0
+    assert first.cost_usd == pytest.approx(
+        (expected_prompt * 1.0 + expected_completion * 2.0) / 1e6
+    )
+    # deterministic: the same conversation gives the same reply, usage and hash
+    assert second.message == first.message
+    assert (second.prompt_tokens, second.completion_tokens) == (
+        first.prompt_tokens,
+        first.completion_tokens,
+    )
+    assert second.request_hash == first.request_hash
+
+    # one assistant turn later the turn-0 rule no longer fits, and nothing else does
+    follow_up = [*messages, first.message, {"role": "user", "content": "and now?"}]
+    with pytest.raises(litellm.BadRequestError, match="no rule fits the conversation at turn 1"):
+        complete(tier, follow_up, TOOL_SCHEMAS)
