@@ -47,7 +47,7 @@ def first_messages(brief: StepBrief, feedback: str | None) -> list[dict[str, Any
     ]
     if feedback:
         lines += ["", "Earlier attempts at this step failed:", feedback]
-    user = "\n".join(line for line in lines if line is not None).strip()
+    user = "\n".join(line for line in lines if line).strip()
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ def litellm_module() -> Any:
             from merlin_flow.scripted import PROVIDER, make_provider
 
             litellm.suppress_debug_info = True
+            logging.getLogger("LiteLLM").setLevel(logging.WARNING)
             litellm.telemetry = False
             if not any(p.get("provider") == PROVIDER for p in litellm.custom_provider_map):
                 litellm.custom_provider_map = [

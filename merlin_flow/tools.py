@@ -118,7 +118,7 @@ class Toolbox:
             return f"error: arguments of {name} must be a JSON object"
         try:
             return tool(**args)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             return f"error: bad arguments for {name}: {exc}"
         except ToolRefused as exc:
             return f"error: {exc}"

@@ -84,8 +84,6 @@ def create_branch(repo: Path, branch: str, commit: str) -> None:
 
 def advance_branch(repo: Path, branch: str, new: str, expected_old: str) -> bool:
     """Move ``branch`` from ``expected_old`` to ``new``; False if it was elsewhere."""
-    if new == expected_old:
-        return True
     out = subprocess.run(
         ["git", "update-ref", f"refs/heads/{branch}", new, expected_old],
         cwd=repo,
@@ -141,7 +139,8 @@ def write_excludes_file(path: Path) -> Path:
 
 def diff(repo: Path, old: str, new: str) -> str:
     """The patch from ``old`` to ``new``."""
-    return git("diff", "--no-color", old, new, cwd=repo) + "\n" if old != new else ""
+    patch = git("diff", "--no-color", old, new, cwd=repo)
+    return patch + "\n" if patch else ""
 
 
 def changed_files(repo: Path, old: str, new: str) -> list[str]:

@@ -46,7 +46,7 @@ def merlin_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pat
     monkeypatch.setenv("MERLIN_HOME", str(home))
     monkeypatch.delenv("MERLIN_DATABASE_URL", raising=False)
     monkeypatch.delenv("MERLIN_BROKER_URL", raising=False)
-    yield home
+    return home
 
 
 @pytest.fixture
@@ -57,7 +57,9 @@ def py_repo(tmp_path: Path) -> Path:
         {
             "pyproject.toml": '[project]\nname = "sample"\nversion = "0"\n',
             "app.py": "def answer():\n    return 41\n",
-            "test_app.py": "from app import answer\n\n\ndef test_answer():\n    assert answer() == 42\n",
+            "test_app.py": (
+                "from app import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"
+            ),
         },
     )
 

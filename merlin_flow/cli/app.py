@@ -159,10 +159,10 @@ def submit(
     """Enqueue a TaskList for the workers (`merlin worker`) and print the job id."""
 
     def work() -> None:
+        _settings, db, job_id = _prepare(tasklist, repo, config)
         from merlin_flow.workflow import enqueue_job
         from workers.app import app as celery_app
 
-        _settings, db, job_id = _prepare(tasklist, repo, config)
         celery_app.set_default()
         enqueue_job(db, job_id)
         if as_json:
@@ -184,9 +184,15 @@ def worker(
     concurrency: Annotated[
         int | None, typer.Option("--concurrency", "-c", help="Worker processes.", min=1)
     ] = None,
+    pool: Annotated[
+        str,
+        typer.Option(
+            "--pool", "-P", help="prefork for exit commands (CPU), threads for the llm queue (I/O)."
+        ),
+    ] = "prefork",
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
 ) -> None:
-    """Run a Celery worker for merlin's queues (prefork pool)."""
+    """Run a Celery worker for merlin's queues."""
     import uuid
 
     from workers.app import app as celery_app
@@ -196,8 +202,11 @@ def worker(
         f"--queues={queues}",
         f"--loglevel={loglevel}",
         f"--hostname=merlin-{uuid.uuid4().hex[:6]}@%h",
-        "--pool=prefork",
+        f"--pool={pool}",
     ]
+    if pool not in ("prefork", "threads", "solo"):
+        err_console.print(f"[red]error:[/] unknown pool {pool!r}: use prefork, threads or solo")
+        raise typer.Exit(2)
     if concurrency:
         argv.append(f"--concurrency={concurrency}")
     celery_app.worker_main(argv)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,7 +45,8 @@ rules:
         - name: write_file
           arguments:
             path: test_double.py
-            content: "from double import double\\n\\n\\ndef test_double():\\n    assert double(4) == 8\\n"
+            content: "from double import double\\n\\n\\ndef test_double():\\n    \\
+              assert double(4) == 8\\n"
   - match: 'Step slow \\('
     turn: 2
     reply: {content: "double() added"}
@@ -128,7 +130,9 @@ def merlin_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def merlin(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def merlin(
+    env: dict[str, str], *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run the merlin CLI to completion."""
     return subprocess.run(
         [*MERLIN, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
@@ -149,10 +153,8 @@ def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen
 
 def kill_worker(worker: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     """Send ``sig`` to the worker's whole process group and reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(worker.pid, sig)
-    except ProcessLookupError:
-        pass
     worker.wait(timeout=30)
 
 
@@ -160,7 +162,7 @@ def stop_worker(worker: subprocess.Popen[bytes]) -> None:
     """Stop a worker: SIGTERM (warm shutdown), then SIGKILL if it lingers."""
     if worker.poll() is not None:
         return
-    os.killpg(worker.pid, signal.SIGTERM)
+    os.kill(worker.pid, signal.SIGTERM)
     try:
         worker.wait(timeout=20)
     except subprocess.TimeoutExpired:

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.e2e
 
 
 def _submit(env: dict[str, str], tasklist: Path, repo: Path, config: Path) -> str:
-    result = merlin(env, "submit", str(tasklist), "--repo", str(repo), "--config", str(config), "--json")
+    result = merlin(
+        env, "submit", str(tasklist), "--repo", str(repo), "--config", str(config), "--json"
+    )
     assert result.returncode == 0, result.stderr
     job_id: str = json.loads(result.stdout)["job_id"]
     return job_id

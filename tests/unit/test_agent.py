@@ -253,11 +253,6 @@ def test_brief_without_verification_has_no_done_when_line() -> None:
     assert "Exit command that must succeed: pytest" in user["content"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="agent.py first_messages filters `line is not None`, but the missing "
-    "verification line is '' (not None), so a blank line is left in its place",
-)
 def test_brief_without_verification_leaves_no_blank_line() -> None:
     brief = StepBrief("s2", "test", "Add a test", "", "pytest")
     _, user = first_messages(brief, None)

@@ -31,7 +31,9 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path / "home")
 
 
-def _job(db: Database, settings: Settings, repo: Path, tmp_path: Path, max_recoveries: int = 2) -> str:
+def _job(
+    db: Database, settings: Settings, repo: Path, tmp_path: Path, max_recoveries: int = 2
+) -> str:
     script = tmp_path / "s.yaml"
     script.write_text("rules: []\n")
     config = MerlinConfig(
@@ -64,7 +66,9 @@ def _set_lease(db: Database, step_id: int, owner: str | None, seconds: float) ->
         )
 
 
-def test_only_one_claim_wins(db: Database, settings: Settings, py_repo: Path, tmp_path: Path) -> None:
+def test_only_one_claim_wins(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
     job_id = _job(db, settings, py_repo, tmp_path)
     step = _step(db, job_id, "a")
     assert step.lease_owner == QUEUED

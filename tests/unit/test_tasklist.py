@@ -108,14 +108,20 @@ def test_malformed_yaml_names_line_and_column(tmp_path: Path) -> None:
     message = str(info.value)
     assert "malformed YAML" in message
     assert str(path) in message
-    assert "line 5" in message or "line 4" in message
-    assert "column" in message
+    assert "at line 5, column 1" in message
+    assert "expected ',' or ']'" in message
 
 
 def test_malformed_yaml_exact_position(tmp_path: Path) -> None:
     # a tab cannot start a token: the scanner reports the exact mark
     path = write(tmp_path, "bad.yaml", "title: x\nsteps:\n\t- id: a\n")
     with pytest.raises(TaskListError, match=r"malformed YAML at line 3, column 1"):
+        load_tasklist(path)
+
+
+def test_malformed_yaml_mid_line_position(tmp_path: Path) -> None:
+    path = write(tmp_path, "bad.yaml", "title: x\nsteps:\n  - id: a\n   bad: 1\n")
+    with pytest.raises(TaskListError, match=r"malformed YAML at line 4, column 4"):
         load_tasklist(path)
 
 
