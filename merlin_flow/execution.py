@@ -322,32 +322,38 @@ def verify_step(db: Database, settings: Settings, job_id: str, step_key: str) ->
         passed = result.ok
     else:
         passed = status == "passed"
+    verdict = _Verdict(job_id, step_id, attempt_id, token, exit_code, output)
     try:
         if passed:
-            return _pass(
-                db, settings, job_id, step_id, attempt_id, token, exit_code, output, repo, branch
-            )
-        return _fail(db, settings, job_id, step_id, attempt_id, token, exit_code, output, config)
+            return _pass(db, settings, verdict, repo, branch)
+        return _fail(db, settings, verdict, config)
     except LeaseLost as exc:
         log.warning("%s", exc)
         return Outcome.STOP
 
 
-def _pass(
-    db: Database,
-    settings: Settings,
-    job_id: str,
-    step_id: int,
-    attempt_id: int,
-    token: str,
-    exit_code: int | None,
-    output: str,
-    repo: Path,
-    branch: str,
-) -> Outcome:
+@dataclass(frozen=True)
+class _Verdict:
+    """The outcome of one verification, and who holds the step while recording it."""
+
+    job_id: str
+    step_id: int
+    attempt_id: int
+    token: str
+    exit_code: int | None  # None: the exit command did not run (agent error, or re-recording)
+    output: str
+
+    def record_on(self, attempt: Attempt) -> None:
+        if self.exit_code is not None:
+            attempt.exit_code, attempt.output_tail = self.exit_code, self.output
+        attempt.finished_at = attempt.finished_at or utcnow()
+
+
+def _pass(db: Database, settings: Settings, verdict: _Verdict, repo: Path, branch: str) -> Outcome:
+    job_id, step_id, token = verdict.job_id, verdict.step_id, verdict.token
     with db.session() as session:
         job = session.get_one(Job, job_id)
-        attempt = session.get_one(Attempt, attempt_id)
+        attempt = session.get_one(Attempt, verdict.attempt_id)
         commit = attempt.commit or attempt.start_commit
         _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
         # The branch moves inside the transaction: if the database write then fails, the
@@ -358,10 +364,8 @@ def _pass(
             raise LeaseLost(f"job branch {branch} moved unexpectedly; not advancing it")
         step = session.get_one(Step, step_id)
         now = utcnow()
-        if exit_code is not None:
-            attempt.exit_code, attempt.output_tail = exit_code, output
+        verdict.record_on(attempt)
         attempt.status = "passed"
-        attempt.finished_at = attempt.finished_at or now
         step.status = StepStatus.COMPLETED
         step.result = attempt.summary or f"verified by `{step.exit_command}`"
         step.error = None
@@ -386,25 +390,14 @@ def _pass(
     return Outcome.CONTINUE
 
 
-def _fail(
-    db: Database,
-    settings: Settings,
-    job_id: str,
-    step_id: int,
-    attempt_id: int,
-    token: str,
-    exit_code: int | None,
-    output: str,
-    config: MerlinConfig,
-) -> Outcome:
+def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinConfig) -> Outcome:
+    job_id, step_id, token = verdict.job_id, verdict.step_id, verdict.token
     with db.session() as session:
         step = session.get_one(Step, step_id)
-        attempt = session.get_one(Attempt, attempt_id)
-        if exit_code is not None:
-            attempt.exit_code, attempt.output_tail = exit_code, output
+        attempt = session.get_one(Attempt, verdict.attempt_id)
+        verdict.record_on(attempt)
         if attempt.status != "error":
             attempt.status = "failed"
-        attempt.finished_at = attempt.finished_at or utcnow()
         session.flush()
         attempts = list(step.attempts)
         nxt = decide(attempts, step.tier_index, len(config.tiers), config.limits.fix_attempts)

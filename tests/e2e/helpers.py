@@ -118,16 +118,16 @@ def write_job_files(
 
 def merlin_env(home: Path, **extra: str) -> dict[str, str]:
     """Environment for merlin subprocesses using ``home`` as MERLIN_HOME."""
-    env = {
-        **os.environ,
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("MERLIN_DATABASE_URL", "MERLIN_BROKER_URL")
+    }
+    return {
+        **base,
         "MERLIN_HOME": str(home),
         "MERLIN_SWEEP_INTERVAL": "1",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         **extra,
     }
-    env.pop("MERLIN_DATABASE_URL", None)
-    env.pop("MERLIN_BROKER_URL", None)
-    return env
 
 
 def merlin(
@@ -139,7 +139,9 @@ def merlin(
     )
 
 
-def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen[bytes]:
+def start_worker(
+    env: dict[str, str], log: Path, *args: str, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     """Start `merlin worker` in its own process group, logging to ``log``."""
     with log.open("ab") as handle:
         return subprocess.Popen(
@@ -148,6 +150,7 @@ def start_worker(env: dict[str, str], log: Path, *args: str) -> subprocess.Popen
             stdout=handle,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=cwd,
         )
 
 

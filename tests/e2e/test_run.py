@@ -110,3 +110,25 @@ def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:
     assert "escalate@premium" in out
     assert "+    return sum(values) / len(values)" in out
     assert "completed" in out
+
+
+def test_run_on_postgres(tmp_path: Path, py_repo: Path, postgres_url: str) -> None:
+    """Any SQLAlchemy URL holds the state: `merlin db upgrade`, then jobs on Postgres."""
+    env = merlin_env(tmp_path / "home", MERLIN_DATABASE_URL=postgres_url)
+    tasklist, config = write_job_files(
+        tmp_path / "job", local=LOCAL_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
+    )
+    refused = merlin(env, "list")
+    assert refused.returncode == 2
+    assert "merlin db upgrade" in refused.stderr
+    upgraded = merlin(env, "db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
+    result = merlin(
+        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    view = json.loads(result.stdout)
+    assert [a["kind"] for a in view["steps"][0]["attempts"]] == ["execute", "fix", "escalate"]
+    listing = json.loads(merlin(env, "list", "--json").stdout)
+    assert [job["id"] for job in listing] == [view["id"]]
+    assert not (tmp_path / "home" / "merlin.db").exists()

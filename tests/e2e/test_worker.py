@@ -160,3 +160,35 @@ def test_status_of_a_pending_job_without_workers(tmp_path: Path, py_repo: Path) 
     assert [(j["id"], j["status"]) for j in listing] == [(job_id, "pending")]
     assert {"id", "status", "title", "repo", "created_at"} <= set(listing[0])
     time.sleep(0)  # no worker: nothing else happens
+
+
+def test_two_workers_on_different_queues_and_folders(tmp_path: Path, py_repo: Path) -> None:
+    """The Procfile layout: a threads worker for llm+control, a prefork one for verify."""
+    home = tmp_path / "home"
+    env = merlin_env(home)
+    tasklist, config = write_job_files(tmp_path / "job")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    log_a, log_b = tmp_path / "llm.log", tmp_path / "verify.log"
+    llm = start_worker(
+        env, log_a, "--queues", "llm,control", "--pool", "threads", cwd=tmp_path / "a"
+    )
+    verify = start_worker(env, log_b, "--queues", "verify", cwd=tmp_path / "b")
+    try:
+        # --wait blocks until the job ends and exits like `merlin run`.
+        waited = merlin(
+            env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config),
+            "--wait", "--json",
+        )  # fmt: skip
+    finally:
+        stop_worker(llm)
+        stop_worker(verify)
+    assert waited.returncode == 0, waited.stderr
+    view = json.loads(waited.stdout)
+    assert view["status"] == "completed", log_a.read_text()[-2000:] + log_b.read_text()[-2000:]
+    llm_log, verify_log = log_a.read_text(), log_b.read_text()
+    assert llm_log.count("merlin.step[") >= 3
+    assert "merlin.finalize[" in llm_log
+    assert "merlin.verify[" not in llm_log
+    assert verify_log.count("merlin.verify[") >= 3
+    assert "merlin.step[" not in verify_log
