@@ -491,7 +491,7 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
 
 def remaining_tasks(db: Database, job_id: str) -> list[tuple[str, str | None]]:
     """What is left of a job as (task, step key) pairs: ``step``, ``verify``, ``finalize``."""
-    with db.session() as session:
+    with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None or job.finished_at is not None:
             return []

@@ -115,7 +115,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
 
 def job_view(db: Database, job_id: str) -> dict[str, Any]:
     """The full state of a job: what ``merlin status --json`` prints."""
-    with db.session() as session:
+    with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None:
             raise JobNotFoundError(f"no job with id {job_id!r}")
@@ -164,7 +164,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
 
 def list_jobs(db: Database, limit: int = 50) -> list[dict[str, Any]]:
     """The newest jobs, newest first: what ``merlin list --json`` prints."""
-    with db.session() as session:
+    with db.reader() as session:
         jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)).all()
         return [
             {
@@ -182,7 +182,7 @@ def list_jobs(db: Database, limit: int = 50) -> list[dict[str, Any]]:
 
 def job_status(db: Database, job_id: str) -> str:
     """Just the status of a job."""
-    with db.session() as session:
+    with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None:
             raise JobNotFoundError(f"no job with id {job_id!r}")
@@ -191,7 +191,7 @@ def job_status(db: Database, job_id: str) -> str:
 
 def events_since(db: Database, job_id: str, after_id: int = 0) -> list[dict[str, Any]]:
     """The job's events with an id above ``after_id``, oldest first."""
-    with db.session() as session:
+    with db.reader() as session:
         rows = session.scalars(
             select(Event).where(Event.job_id == job_id, Event.id > after_id).order_by(Event.id)
         ).all()

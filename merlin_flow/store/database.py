@@ -39,11 +39,20 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_on_connect)
             event.listen(self.engine, "begin", _sqlite_on_begin)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._readers = sessionmaker(
+            self.engine.execution_options(merlin_read_only=True), expire_on_commit=False
+        )
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         """A session in one transaction: committed on success, rolled back on error."""
         with self._sessions.begin() as session:
+            yield session
+
+    @contextmanager
+    def reader(self) -> Iterator[Session]:
+        """A session for reads only: on SQLite it does not take the write lock."""
+        with self._readers.begin() as session:
             yield session
 
     def dispose(self) -> None:
@@ -67,9 +76,13 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_on_begin(connection: Any) -> None:
-    # Take the write lock at BEGIN, so that read-then-write transactions (lease claims)
-    # serialize instead of failing with 'database is locked' on upgrade to a writer.
-    connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # Writers take the write lock at BEGIN, so that read-then-write transactions (lease
+    # claims) serialize instead of failing with 'database is locked' on upgrade to a
+    # writer. Readers (Database.reader) begin deferred and never block a writer (WAL).
+    if connection.get_execution_options().get("merlin_read_only"):
+        connection.exec_driver_sql("BEGIN")
+    else:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _sqlite_path(url: str) -> Path | None:
