@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,14 @@ STATUS_STYLE = {
     "Skipped": "dim",
     "cancelled": "magenta",
 }
-ATTEMPT_MARK = {"passed": "✓", "failed": "✗", "error": "✗", "running": "…", "committed": "?"}
+ATTEMPT_MARK = {
+    "passed": "✓",
+    "failed": "✗",
+    "error": "✗",
+    "running": "working…",
+    "committed": "verifying…",
+}
+RECENT_EVENTS = 6
 
 
 def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
@@ -104,6 +112,7 @@ def follow(
     last_event = 0
     view = load_view()
     if console.is_terminal:
+        recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
         with Live(steps_table(view), console=console, refresh_per_second=8) as live:
             while view["finished_at"] is None:
                 time.sleep(poll)
@@ -111,7 +120,8 @@ def follow(
                 events = load_events(last_event)
                 if events:
                     last_event = events[-1]["id"]
-                live.update(Group(steps_table(view), _events_text(events[-3:])))
+                    recent.extend(events)
+                live.update(Group(steps_table(view), _events_text(list(recent))))
             live.update(steps_table(view))
         return view
     while True:
