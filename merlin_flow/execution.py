@@ -447,6 +447,12 @@ def fail_job_in_session(session: Session, job_id: str, step: Step | None, reason
         job.error = reason
         job.updated_at = now
         add_event(session, job_id, "job_failed", reason, step.key if step else None)
+        for later in job.steps:
+            if later.status == StepStatus.PENDING:
+                later.status = StepStatus.SKIPPED
+                later.result = "skipped: the job failed before this step"
+                later.phase = "done"
+                later.lease_owner = later.lease_expires_at = None
 
 
 def fail_job(
@@ -467,7 +473,7 @@ def fail_job(
 
 
 def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
-    """Close a job: final status, the patch file, the summary event. Idempotent."""
+    """Close a job: final status, the patch and summary files, the last event. Idempotent."""
     with db.session() as session:
         job = session.get(Job, job_id)
         if job is None:
@@ -483,10 +489,32 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         patch = settings.jobs_dir / job_id / f"{job_id}.patch"
         patch.parent.mkdir(parents=True, exist_ok=True)
         patch.write_text(diff(Path(job.repo), job.base_commit, job.head_commit))
+        patch.with_name("summary.md").write_text(_summary(job))
         job.patch_path = str(patch)
         job.finished_at = job.updated_at = utcnow()
-        add_event(session, job_id, f"job_{job.status}", f"job {job.status}", patch=str(patch))
+        add_event(session, job_id, "job_finished", f"job {job.status}", patch=str(patch))
         return job.status
+
+
+def _summary(job: Job) -> str:
+    """A Markdown summary of a finished job: outcome, and each step's attempts."""
+    lines = [
+        f"# {job.title}",
+        "",
+        f"- job: {job.id}, status: **{job.status}**",
+        f"- repository: {job.repo}",
+        f"- branch: {job.branch} ({job.base_commit[:10]}..{job.head_commit[:10]})",
+    ]
+    if job.error:
+        lines.append(f"- error: {job.error}")
+    lines += ["", "| step | type | status | attempts (kind@tier: exit code) |", "|---|---|---|---|"]
+    for step in job.steps:
+        attempts = ", ".join(
+            f"{a.kind}@{a.tier}: {a.exit_code if a.exit_code is not None else a.status}"
+            for a in step.attempts
+        )
+        lines.append(f"| {step.key} | {step.step_type} | {step.status} | {attempts} |")
+    return "\n".join(lines) + "\n"
 
 
 def remaining_tasks(db: Database, job_id: str) -> list[tuple[str, str | None]]:

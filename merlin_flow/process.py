@@ -91,5 +91,6 @@ def tool_environment(extra_path: str | None = None) -> dict[str, str]:
     if extra_path:
         env["PATH"] = extra_path + os.pathsep + env.get("PATH", "")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # The worker's PYTHONPATH points at the worker's code, not at the job's worktree.
     env.pop("PYTHONPATH", None)
     return env

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from merlin_flow.errors import MerlinError
 
@@ -51,7 +52,7 @@ def _guarded(work: Callable[[], T]) -> T:
     try:
         return work()
     except MerlinError as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -111,7 +112,7 @@ def _print_outcome(view: dict[str, Any]) -> None:
     if view["status"] == "completed":
         console.print(f"[green]job {view['id']} completed[/]: branch [bold]{view['branch']}[/]")
     else:
-        console.print(f"[red]job {view['id']} {view['status']}[/]: {view['error'] or ''}")
+        console.print(f"[red]job {view['id']} {view['status']}[/]: {escape(view['error'] or '')}")
     if view["patch"]:
         console.print(f"patch: {view['patch']}")
 
@@ -231,7 +232,7 @@ def status(
         console.print(steps_table(view))
         console.print(f"branch: {view['branch']}")
         if view["error"]:
-            console.print(f"[red]error:[/] {view['error']}")
+            console.print(f"[red]error:[/] {escape(view['error'])}")
         if view["patch"]:
             console.print(f"patch: {view['patch']}")
 

@@ -127,7 +127,7 @@ def follow(
     while True:
         for event in load_events(last_event):
             last_event = event["id"]
-            console.print(_event_line(event), highlight=False)
+            console.print(_event_line(event), highlight=False, markup=False)
         if view["finished_at"] is not None:
             return view
         time.sleep(poll)

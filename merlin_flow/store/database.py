@@ -8,6 +8,7 @@ Any other database must be upgraded explicitly with ``merlin db upgrade``.
 from __future__ import annotations
 
 import fcntl
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -106,6 +107,7 @@ def upgrade(db: Database, revision: str = "head") -> None:
     """Run the Alembic migrations up to ``revision`` on ``db``."""
     from alembic import command
 
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # no INFO burst in worker logs
     config = alembic_config(db.url)
     with db.engine.begin() as connection:
         config.attributes["connection"] = connection

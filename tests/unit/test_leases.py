@@ -123,6 +123,7 @@ def test_sweep_recovers_then_gives_up_as_worker_lost(
     assert view["status"] == "failed"
     assert "worker lost" in view["error"]
     assert view["steps"][0]["status"] == "Failed"
+    assert view["steps"][1]["status"] == "Skipped"
     assert view["finished_at"] is not None
 
 
