@@ -22,6 +22,8 @@ from merlin_flow.errors import StoreError
 from merlin_flow.resources import resource_dir
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Alembic logs every schema check at INFO; worker logs do not need that.
+logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 class Database:
@@ -107,7 +109,6 @@ def upgrade(db: Database, revision: str = "head") -> None:
     """Run the Alembic migrations up to ``revision`` on ``db``."""
     from alembic import command
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # no INFO burst in worker logs
     config = alembic_config(db.url)
     with db.engine.begin() as connection:
         config.attributes["connection"] = connection
