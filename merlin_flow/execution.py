@@ -20,7 +20,7 @@ from merlin_flow.agent import StepBrief, run_agent
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import AgentError, LeaseLost
 from merlin_flow.escalation import AttemptKind, decide, failure_reason, feedback_for
-from merlin_flow.leases import Heartbeat, claim, new_token, queued_values
+from merlin_flow.leases import Heartbeat, claim, queued_values
 from merlin_flow.llm import Completion
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
@@ -87,20 +87,28 @@ def _load(session: Session, job_id: str, step_key: str) -> tuple[Job | None, Ste
 
 
 def _settle(session: Session, step_id: int, token: str, **values: Any) -> None:
-    """Write ``values`` to the step only while we hold its lease; LeaseLost otherwise."""
+    """Write ``values`` to the step only while we hold its lease; LeaseLost otherwise.
+
+    With no values it only checks (and row-locks) our lease for the transaction.
+    """
     result = session.execute(
         update(Step)
         .where(Step.id == step_id, Step.lease_owner == token)
-        .values(**values)
+        .values(**(values or {"lease_owner": token}))
         .execution_options(synchronize_session=False)
     )
     if not result.rowcount:  # type: ignore[attr-defined]
         raise LeaseLost(f"step {step_id}: lease taken over by another worker")
 
 
-def execute_step(db: Database, settings: Settings, job_id: str, step_key: str) -> Outcome:
-    """Make the step's next attempt: run the agent in a worktree and commit its changes."""
-    with db.session() as session:
+def execute_step(
+    db: Database, settings: Settings, job_id: str, step_key: str, token: str
+) -> Outcome:
+    """Make the step's next attempt: run the agent in a worktree and commit its changes.
+
+    ``token`` identifies this execution; it owns the step's lease once claimed.
+    """
+    with db.reader() as session:
         job, step = _load(session, job_id, step_key)
         if job is None or step is None or job.status in FINAL_JOB_STATUSES:
             return Outcome.STOP
@@ -108,80 +116,98 @@ def execute_step(db: Database, settings: Settings, job_id: str, step_key: str) -
             return Outcome.STOP
         step_id = step.id
         config = MerlinConfig.model_validate(job.config)
-    token = new_token()
     if not claim(db, step_id, "attempt", token, config.limits.lease_seconds):
         return Outcome.STOP
-    plan, repo, brief = _begin_attempt(db, job_id, step_id, config)
-    tier = config.tiers[plan.tier_index]
-    worktree = settings.worktrees_dir / job_id / f"{step_key}-{plan.number}"
-    excludes = write_excludes_file(settings.home_dir / "commit-excludes")
-    add_worktree(repo, worktree, plan.start_commit)
     try:
         with Heartbeat(db, step_id, token, config.limits.lease_seconds) as heartbeat:
-
-            def check_alive() -> None:
-                if heartbeat.lost:
-                    raise LeaseLost(f"step {step_key}: lease lost during the attempt")
-
-            def on_call(seq: int, reply: Completion | None, error: BaseException | None) -> None:
-                _journal(db, job_id, step_id, plan, tier.name, tier.model, seq, reply, error)
-
-            summary, error, turns = "", None, 0
-            try:
-                result = run_agent(
-                    tier,
-                    brief,
-                    Toolbox(worktree, config.limits.tool_command_timeout),
-                    plan.feedback,
-                    config.limits.max_turns,
-                    on_call,
-                    check_alive,
-                )
-                summary, turns = result.summary, result.turns
-            except AgentError as exc:
-                error = str(exc)
-            check_alive()
-            message = f"merlin({step_key}): {brief.description.splitlines()[0][:72]}"
-            commit = commit_all(
-                worktree, f"{message}\n\nJob {job_id}, attempt {plan.number}.", excludes
-            )
-            set_ref(repo, attempt_ref(job_id, step_key, plan.number), commit)
-        with db.session() as session:
-            _settle(
-                session, step_id, token, phase="verify", **queued_values(settings.handoff_seconds)
-            )
-            attempt = session.get_one(Attempt, plan.attempt_id)
-            attempt.commit = commit
-            attempt.summary = summary[:4000]
-            attempt.turns = turns
-            attempt.status = "error" if error else "committed"
-            attempt.error = error
-            if error:
-                attempt.finished_at = utcnow()
-            outcome = f"failed: {error}" if error else f"committed {commit[:10]}"
-            event = "attempt_error" if error else "attempt_committed"
-            add_event(
-                session,
-                job_id,
-                event,
-                f"attempt {plan.number} {outcome}",
-                step_key,
-                attempt=plan.number,
-            )
+            _run_attempt(db, settings, job_id, step_key, step_id, token, config, heartbeat)
     except LeaseLost as exc:
         log.warning("%s", exc)
         return Outcome.STOP
-    finally:
-        remove_worktree(repo, worktree)
     return Outcome.CONTINUE
 
 
+def _worktree_path(settings: Settings, job_id: str, name: str, token: str) -> Path:
+    # The token keeps apart the worktrees of a worker that lost its lease and of the
+    # worker that took the step over: neither can delete the other's.
+    return settings.worktrees_dir / job_id / f"{name}-{token.rsplit(':', 1)[-1]}"
+
+
+def _run_attempt(
+    db: Database,
+    settings: Settings,
+    job_id: str,
+    step_key: str,
+    step_id: int,
+    token: str,
+    config: MerlinConfig,
+    heartbeat: Heartbeat,
+) -> None:
+    def check_alive() -> None:
+        if heartbeat.lost:
+            raise LeaseLost(f"step {step_key}: lease lost during the attempt")
+
+    plan, repo, brief = _begin_attempt(db, job_id, step_id, token, config)
+    tier = config.tiers[plan.tier_index]
+    worktree = _worktree_path(settings, job_id, f"{step_key}-{plan.number}", token)
+    excludes = write_excludes_file(settings.home_dir / "commit-excludes")
+    add_worktree(repo, worktree, plan.start_commit)
+    try:
+
+        def on_call(seq: int, reply: Completion | None, error: BaseException | None) -> None:
+            _journal(db, job_id, step_id, plan, tier.name, tier.model, seq, reply, error)
+
+        summary, error, turns = "", None, 0
+        try:
+            result = run_agent(
+                tier,
+                brief,
+                Toolbox(worktree, config.limits.tool_command_timeout),
+                plan.feedback,
+                config.limits.max_turns,
+                on_call,
+                check_alive,
+            )
+            summary, turns = result.summary, result.turns
+        except AgentError as exc:
+            error = str(exc)
+        check_alive()
+        message = f"merlin({step_key}): {brief.description.splitlines()[0][:72]}"
+        commit = commit_all(
+            worktree, f"{message}\n\nJob {job_id}, attempt {plan.number}.", excludes
+        )
+    finally:
+        remove_worktree(repo, worktree)
+    with db.session() as session:
+        _settle(session, step_id, token, phase="verify", **queued_values(settings.handoff_seconds))
+        set_ref(repo, attempt_ref(job_id, step_key, plan.number), commit)
+        attempt = session.get_one(Attempt, plan.attempt_id)
+        attempt.commit = commit
+        attempt.summary = summary[:4000]
+        attempt.turns = turns
+        attempt.status = "error" if error else "committed"
+        attempt.error = error
+        if error:
+            attempt.finished_at = utcnow()
+        outcome = f"failed: {error}" if error else f"committed {commit[:10]}"
+        event = "attempt_error" if error else "attempt_committed"
+        add_event(
+            session,
+            job_id,
+            event,
+            f"attempt {plan.number} {outcome}",
+            step_key,
+            attempt=plan.number,
+        )
+
+
 def _begin_attempt(
-    db: Database, job_id: str, step_id: int, config: MerlinConfig
+    db: Database, job_id: str, step_id: int, token: str, config: MerlinConfig
 ) -> tuple[_AttemptPlan, Path, StepBrief]:
     """Create the attempt row (or resume the one a lost worker left running)."""
     now = utcnow()
     with db.session() as session:
+        _settle(session, step_id, token)
         job = session.get_one(Job, job_id)
         step = session.get_one(Step, step_id)
         if job.status == "pending":
@@ -280,16 +306,24 @@ def _journal(
             call.cost_usd = reply.cost_usd
             call.latency_ms = reply.latency_ms
             call.response = reply.message
-            attempt = session.get_one(Attempt, plan.attempt_id)
-            attempt.prompt_tokens += reply.prompt_tokens
-            attempt.completion_tokens += reply.completion_tokens
-            attempt.cost_usd += reply.cost_usd
+            session.execute(
+                update(Attempt)
+                .where(Attempt.id == plan.attempt_id)
+                .values(
+                    prompt_tokens=Attempt.prompt_tokens + reply.prompt_tokens,
+                    completion_tokens=Attempt.completion_tokens + reply.completion_tokens,
+                    cost_usd=Attempt.cost_usd + reply.cost_usd,
+                )
+                .execution_options(synchronize_session=False)
+            )
         session.add(call)
 
 
-def verify_step(db: Database, settings: Settings, job_id: str, step_key: str) -> Outcome:
+def verify_step(
+    db: Database, settings: Settings, job_id: str, step_key: str, token: str
+) -> Outcome:
     """Run the exit command on the last attempt's commit and decide what follows."""
-    with db.session() as session:
+    with db.reader() as session:
         job, step = _load(session, job_id, step_key)
         if job is None or step is None or job.status in FINAL_JOB_STATUSES:
             return Outcome.STOP
@@ -298,32 +332,32 @@ def verify_step(db: Database, settings: Settings, job_id: str, step_key: str) ->
         step_id = step.id
         config = MerlinConfig.model_validate(job.config)
         repo, branch = Path(job.repo), job.branch
-    token = new_token()
     if not claim(db, step_id, "verify", token, config.limits.lease_seconds):
         return Outcome.STOP
-    with db.session() as session:
-        step = session.get_one(Step, step_id)
-        attempt = step.attempts[-1]
-        attempt_id, status, commit = attempt.id, attempt.status, attempt.commit
-        command = step.exit_command
-    exit_code: int | None = None
-    output = ""
-    if status == "committed" and commit:
-        worktree = settings.worktrees_dir / job_id / f"{step_key}-{attempt_id}-verify"
-        try:
-            with Heartbeat(db, step_id, token, config.limits.lease_seconds):
-                add_worktree(repo, worktree, commit)
-                result = run_exit_command(
-                    command, worktree, config.limits.exit_command_timeout, config.shell
-                )
-        finally:
-            remove_worktree(repo, worktree)
-        exit_code, output = result.exit_code, result.output_tail
-        passed = result.ok
-    else:
-        passed = status == "passed"
-    verdict = _Verdict(job_id, step_id, attempt_id, token, exit_code, output)
     try:
+        with Heartbeat(db, step_id, token, config.limits.lease_seconds) as heartbeat:
+            with db.reader() as session:
+                attempt = session.get_one(Step, step_id).attempts[-1]
+                attempt_id, number, status = attempt.id, attempt.number, attempt.status
+                commit, command = attempt.commit, attempt.step.exit_command
+            exit_code: int | None = None
+            output = ""
+            if status == "committed" and commit:
+                name = f"{step_key}-{number}-verify"
+                worktree = _worktree_path(settings, job_id, name, token)
+                try:
+                    add_worktree(repo, worktree, commit)
+                    result = run_exit_command(
+                        command, worktree, config.limits.exit_command_timeout, config.shell
+                    )
+                finally:
+                    remove_worktree(repo, worktree)
+                exit_code, output, passed = result.exit_code, result.output_tail, result.ok
+            else:
+                passed = status == "passed"
+            if heartbeat.lost:
+                raise LeaseLost(f"step {step_key}: lease lost during verification")
+        verdict = _Verdict(job_id, step_id, attempt_id, token, exit_code, output)
         if passed:
             return _pass(db, settings, verdict, repo, branch)
         return _fail(db, settings, verdict, config)
@@ -358,36 +392,56 @@ def _pass(db: Database, settings: Settings, verdict: _Verdict, repo: Path, branc
         _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
         # The branch moves inside the transaction: if the database write then fails, the
         # lease expires, verify runs again and finds the branch already at `commit`.
+        step = session.get_one(Step, step_id)
         if not advance_branch(repo, branch, commit, job.head_commit) and (
             resolve_ref(repo, f"refs/heads/{branch}") != commit
         ):
-            raise LeaseLost(f"job branch {branch} moved unexpectedly; not advancing it")
-        step = session.get_one(Step, step_id)
-        now = utcnow()
-        verdict.record_on(attempt)
-        attempt.status = "passed"
-        step.status = StepStatus.COMPLETED
-        step.result = attempt.summary or f"verified by `{step.exit_command}`"
-        step.error = None
-        step.finished_at = now
-        job.head_commit = commit
-        job.updated_at = now
-        add_event(
-            session,
-            job_id,
-            "step_completed",
-            f"step {step.key} passed on tier {attempt.tier}",
-            step.key,
-        )
-        following = session.scalars(
-            select(Step)
-            .where(Step.job_id == job_id, Step.position > step.position)
-            .order_by(Step.position)
-        ).first()
-        if following is not None:
-            for key, value in queued_values(settings.handoff_seconds).items():
-                setattr(following, key, value)
-    return Outcome.CONTINUE
+            reason = (
+                f"step {step.key} passed, but the job branch {branch} was moved by someone "
+                f"else (expected it at {job.head_commit[:10]}); not overwriting it"
+            )
+            fail_job_in_session(session, job_id, step, reason)
+        else:
+            _complete(session, settings, job, step, attempt, verdict, commit)
+            return Outcome.CONTINUE
+    finalize_job(db, settings, job_id)
+    return Outcome.STOP
+
+
+def _complete(
+    session: Session,
+    settings: Settings,
+    job: Job,
+    step: Step,
+    attempt: Attempt,
+    verdict: _Verdict,
+    commit: str,
+) -> None:
+    """Record a passed step, in the transaction that moved the job branch."""
+    now = utcnow()
+    verdict.record_on(attempt)
+    attempt.status = "passed"
+    step.status = StepStatus.COMPLETED
+    step.result = attempt.summary or f"verified by `{step.exit_command}`"
+    step.error = None
+    step.finished_at = now
+    job.head_commit = commit
+    job.updated_at = now
+    add_event(
+        session,
+        job.id,
+        "step_completed",
+        f"step {step.key} passed on tier {attempt.tier}",
+        step.key,
+    )
+    following = session.scalars(
+        select(Step)
+        .where(Step.job_id == job.id, Step.position > step.position)
+        .order_by(Step.position)
+    ).first()
+    if following is not None:
+        for key, value in queued_values(settings.handoff_seconds).items():
+            setattr(following, key, value)
 
 
 def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinConfig) -> Outcome:
@@ -456,26 +510,35 @@ def fail_job_in_session(session: Session, job_id: str, step: Step | None, reason
 
 
 def fail_job(
-    db: Database, settings: Settings, job_id: str, step_key: str | None, reason: str
-) -> None:
-    """Fail a job because of an unexpected error in one of its tasks, and finalize it."""
+    db: Database, settings: Settings, job_id: str, step_key: str | None, token: str, reason: str
+) -> bool:
+    """Fail a job because of an unexpected error in one of its tasks, and finalize it.
+
+    With a ``step_key``, only while ``token`` holds that step's lease: an error in a
+    worker that lost the step must not fail the job another worker now runs. Returns
+    whether the job was failed.
+    """
     with db.session() as session:
         step = None
         if step_key is not None:
             step = session.scalars(
                 select(Step).where(Step.job_id == job_id, Step.key == step_key)
             ).first()
-            if step is not None:
-                step.lease_owner = None
-                step.lease_expires_at = None
+            if step is None or step.lease_owner != token:
+                return False
+            step.lease_owner = None
+            step.lease_expires_at = None
         fail_job_in_session(session, job_id, step, reason)
     finalize_job(db, settings, job_id)
+    return True
 
 
 def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
     """Close a job: final status, the patch and summary files, the last event. Idempotent."""
     with db.session() as session:
-        job = session.get(Job, job_id)
+        # FOR UPDATE: on Postgres a concurrent finalize (the task and a sweep) waits here
+        # and then sees finished_at set. SQLite writers are serialized by BEGIN IMMEDIATE.
+        job = session.get(Job, job_id, with_for_update=True)
         if job is None:
             return None
         if job.finished_at is not None:
@@ -490,10 +553,19 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         patch.parent.mkdir(parents=True, exist_ok=True)
         patch.write_text(diff(Path(job.repo), job.base_commit, job.head_commit))
         patch.with_name("summary.md").write_text(_summary(job))
+        _remove_leftover_worktrees(Path(job.repo), settings.worktrees_dir / job_id)
         job.patch_path = str(patch)
         job.finished_at = job.updated_at = utcnow()
         add_event(session, job_id, "job_finished", f"job {job.status}", patch=str(patch))
         return job.status
+
+
+def _remove_leftover_worktrees(repo: Path, folder: Path) -> None:
+    """Remove worktrees that workers killed mid-task left behind."""
+    if folder.is_dir():
+        for leftover in folder.iterdir():
+            remove_worktree(repo, leftover)
+        folder.rmdir()
 
 
 def _summary(job: Job) -> str:

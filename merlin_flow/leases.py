@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 import uuid
 from datetime import timedelta
 from types import TracebackType
@@ -89,15 +90,22 @@ class Heartbeat:
         self._seconds = seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{step_id}", daemon=True)
-        self.lost = False
+        self._taken = False
+        self._renewed_at = time.monotonic()
+
+    @property
+    def lost(self) -> bool:
+        """True once another worker took the lease, or we could not renew it in time."""
+        return self._taken or time.monotonic() - self._renewed_at > self._seconds
 
     def _run(self) -> None:
         while not self._stop.wait(self._seconds / 3):
             try:
                 if not renew(self._db, self._step_id, self._token, self._seconds):
-                    self.lost = True
+                    self._taken = True
                     return
-            except Exception:  # a failed renewal is retried at the next beat
+                self._renewed_at = time.monotonic()
+            except Exception:  # retried at the next beat; `lost` turns True if it keeps failing
                 continue
 
     def __enter__(self) -> Heartbeat:

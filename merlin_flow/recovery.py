@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import select, update
 
@@ -32,27 +32,26 @@ WORKER_LOST = "worker lost"
 def sweep(db: Database, settings: Settings, enqueue: Callable[[str], object]) -> list[str]:
     """Re-enqueue jobs whose active step lost its worker; return their ids."""
     now = utcnow()
-    with db.session() as session:
-        jobs = session.scalars(
-            select(Job).where(Job.status.in_(["pending", "running"]), Job.finished_at.is_(None))
-        ).all()
+    with db.reader() as session:
+        jobs = session.scalars(select(Job).where(Job.finished_at.is_(None))).all()
         candidates: list[tuple[str, int | None, str | None, datetime | None]] = []
         for job in jobs:
             active = next((s for s in job.steps if s.status not in FINISHED_STEP_STATUSES), None)
-            if active is None:
-                stale = job.updated_at < now - timedelta(seconds=settings.handoff_seconds)
-                if stale:
-                    candidates.append((job.id, None, None, None))
+            if job.status in FINAL_JOB_STATUSES or active is None:
+                # Nothing left to run, but never closed (its worker died first): close it.
+                candidates.append((job.id, None, None, None))
             elif active.lease_expires_at is not None and active.lease_expires_at < now:
                 candidates.append((job.id, active.id, active.lease_owner, active.lease_expires_at))
     recovered: list[str] = []
     for job_id, step_id, owner, expires in candidates:
-        if step_id is None:
-            finalize_job(db, settings, job_id)
-            continue
-        if _take_over(db, settings, job_id, step_id, owner, expires):
-            recovered.append(job_id)
-            enqueue(job_id)
+        try:  # one broken job (its repository deleted, say) must not stop the others
+            if step_id is None:
+                finalize_job(db, settings, job_id)
+            elif _take_over(db, settings, job_id, step_id, owner, expires):
+                recovered.append(job_id)
+                enqueue(job_id)
+        except Exception:
+            log.exception("recovery sweep: job %s could not be recovered", job_id)
     return recovered
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import chain, shared_task
 from celery.exceptions import Ignore
+from sqlalchemy.exc import DBAPIError
 
 from merlin_flow.execution import (
     Outcome,
@@ -29,6 +30,7 @@ from merlin_flow.execution import (
     remaining_tasks,
     verify_step,
 )
+from merlin_flow.leases import new_token
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import Database, open_database
 
@@ -51,22 +53,32 @@ def runtime() -> tuple[Database, Settings]:
     return _runtime["db"], _runtime["settings"]
 
 
-def _guard(job_id: str, step_key: str | None, work: Any) -> Outcome:
-    """Run ``work``; an unexpected error fails the job instead of stranding it."""
+def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
+    """Run ``work(db, settings, token)`` and turn unexpected errors into a decision.
+
+    A database error is taken as passing (a failover, a lock timeout): the task fails,
+    our lease expires and the recovery sweep runs the step again. Any other error fails
+    the job, if this task still holds the step; a task that lost it just stops.
+    """
     db, settings = runtime()
+    token = new_token()
     try:
-        outcome: Outcome = work(db, settings)
+        outcome: Outcome = work(db, settings, token)
         return outcome
+    except DBAPIError:
+        log.exception("job %s: database error; the step will be recovered", job_id)
+        raise
     except Exception as exc:
         log.exception("job %s: task failed unexpectedly", job_id)
-        fail_job(db, settings, job_id, step_key, f"internal error: {type(exc).__name__}: {exc}")
+        reason = f"internal error: {type(exc).__name__}: {exc}"
+        fail_job(db, settings, job_id, step_key, token, reason)
         raise Ignore() from None
 
 
 @shared_task(bind=True, name=STEP_TASK)
 def step_task(self: Any, job_id: str, step_key: str) -> str:
     """Make the step's next attempt (agent loop + commit)."""
-    outcome = _guard(job_id, step_key, lambda db, s: execute_step(db, s, job_id, step_key))
+    outcome = _guard(job_id, step_key, lambda db, s, t: execute_step(db, s, job_id, step_key, t))
     if outcome is Outcome.STOP:
         raise Ignore()
     return outcome.value
@@ -75,7 +87,7 @@ def step_task(self: Any, job_id: str, step_key: str) -> str:
 @shared_task(bind=True, name=VERIFY_TASK)
 def verify_task(self: Any, job_id: str, step_key: str) -> str:
     """Verify the step's last attempt; on failure, replace itself with a new attempt."""
-    outcome = _guard(job_id, step_key, lambda db, s: verify_step(db, s, job_id, step_key))
+    outcome = _guard(job_id, step_key, lambda db, s, t: verify_step(db, s, job_id, step_key, t))
     if outcome is Outcome.RETRY:
         raise self.replace(step_signature(job_id, step_key) | verify_signature(job_id, step_key))
     if outcome is Outcome.STOP:

@@ -25,10 +25,12 @@ GIT_IDENTITY = {
 IGNORED_IN_COMMITS = ("__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/")
 
 
-def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> str:
-    """Run git in ``cwd`` and return its stdout, stripped; GitError on failure."""
+def _run_git(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run git with merlin's identity, and without the user's hooks or commit signing."""
     full_env = {**os.environ, **GIT_IDENTITY, "GIT_TERMINAL_PROMPT": "0", **(env or {})}
-    proc = subprocess.run(
+    return subprocess.run(
         ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", *args],
         cwd=cwd,
         capture_output=True,
@@ -36,6 +38,11 @@ def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = 
         env=full_env,
         check=False,
     )
+
+
+def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> str:
+    """Run git in ``cwd`` and return its stdout, stripped; GitError on failure."""
+    proc = _run_git(list(args), cwd, env)
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
     return proc.stdout.strip()
@@ -84,14 +91,7 @@ def create_branch(repo: Path, branch: str, commit: str) -> None:
 
 def advance_branch(repo: Path, branch: str, new: str, expected_old: str) -> bool:
     """Move ``branch`` from ``expected_old`` to ``new``; False if it was elsewhere."""
-    out = subprocess.run(
-        ["git", "update-ref", f"refs/heads/{branch}", new, expected_old],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return out.returncode == 0
+    return _run_git(["update-ref", f"refs/heads/{branch}", new, expected_old], repo).returncode == 0
 
 
 def resolve_ref(repo: Path, ref: str) -> str | None:
@@ -115,10 +115,10 @@ def add_worktree(repo: Path, path: Path, commit: str) -> Path:
 
 def remove_worktree(repo: Path, path: Path) -> None:
     """Remove a worktree and its administrative files, if present."""
-    if path.exists():
-        git("worktree", "remove", "--force", str(path), cwd=repo, check=False)
-        shutil.rmtree(path, ignore_errors=True)
-    git("worktree", "prune", cwd=repo, check=False)
+    # Only this worktree's own metadata is removed: a global `git worktree prune` would
+    # also drop the metadata of the user's own worktrees on an unmounted disk.
+    git("worktree", "remove", "--force", str(path), cwd=repo, check=False)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def commit_all(worktree: Path, message: str, excludes_file: Path) -> str:

@@ -78,11 +78,13 @@ class EmbeddedWorker:
         self._sweeper = Sweeper(db, settings)
         self._sweeper.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self) -> None:
         """Stop the sweeper and the worker (after its current task)."""
         if self._sweeper is not None:
             self._sweeper.stop()
         if self._worker is not None:
             self._worker.stop(in_sighandler=False)
         if self._thread is not None:
-            self._thread.join(timeout)
+            # The worker may be in a task of another job that shares the broker: let it
+            # finish that task (a second Ctrl-C abandons it to the recovery sweep).
+            self._thread.join()

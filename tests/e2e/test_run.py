@@ -97,7 +97,10 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     assert "no rule fits" in attempts[2]["error"]
     summary = (Path(view["patch"]).parent / "summary.md").read_text()
     assert "status: **failed**" in summary
-    assert "| fix | Debug | Failed | execute@local: 1, fix@local: 1, escalate@premium: error" in summary
+    assert (
+        "| fix | Debug | Failed | execute@local: 1, fix@local: 1, escalate@premium: error"
+        in summary
+    )
     # Nothing verified: the job branch did not move.
     assert git(py_repo, "rev-parse", f"merlin/{view['id']}") == git(py_repo, "rev-parse", "main")
 

@@ -1,0 +1,172 @@
+"""The step, verify and finalize work driven directly (no Celery), on real git and SQLite."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.execution import (
+    Outcome,
+    execute_step,
+    fail_job,
+    fail_job_in_session,
+    finalize_job,
+    verify_step,
+)
+from merlin_flow.jobs import create_job, job_view
+from merlin_flow.leases import Heartbeat, claim
+from merlin_flow.recovery import sweep
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Step, open_database
+from merlin_flow.tasklist import parse_tasklist
+from tests.conftest import git, make_repo
+
+SCRIPT = """\
+rules:
+  - turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 41", new: "return 42"}
+  - reply: {content: done}
+"""
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = open_database(f"sqlite:///{tmp_path / 'merlin.db'}")
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home")
+
+
+def _job(db: Database, settings: Settings, repo: Path, tmp_path: Path, steps: int = 1) -> str:
+    script = tmp_path / "script.yaml"
+    script.write_text(SCRIPT)
+    config = MerlinConfig(tiers=[Tier(name="local", model=f"scripted/{script}")])
+    tasklist = parse_tasklist(
+        {
+            "title": "t",
+            "steps": [
+                {"id": f"s{i}", "step_type": "Debug", "description": "answer 42"}
+                for i in range(steps)
+            ],
+        }
+    )
+    return create_job(db, settings, tasklist, repo, config)
+
+
+def test_step_then_verify_advances_the_branch(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    # A duplicate delivery of the same step message finds the phase moved on.
+    assert execute_step(db, settings, job_id, "s0", "w:2") is Outcome.STOP
+    assert verify_step(db, settings, job_id, "s0", "w:3") is Outcome.CONTINUE
+    assert verify_step(db, settings, job_id, "s0", "w:4") is Outcome.STOP
+    assert finalize_job(db, settings, job_id) == "completed"
+    assert "return 42" in git(py_repo, "show", f"merlin/{job_id}:app.py")
+    assert not (settings.worktrees_dir / job_id).exists()
+    summary = (settings.jobs_dir / job_id / "summary.md").read_text()
+    assert "| s0 | Debug | Completed | execute@local: 0 |" in summary
+
+
+def test_a_moved_job_branch_fails_the_job_instead_of_being_overwritten(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    (py_repo / "other.txt").write_text("someone else's work\n")
+    git(py_repo, "add", "other.txt")
+    git(py_repo, "commit", "-qm", "other")
+    git(py_repo, "branch", "-f", f"merlin/{job_id}", "main")
+    moved_to = git(py_repo, "rev-parse", f"merlin/{job_id}")
+    assert verify_step(db, settings, job_id, "s0", "w:2") is Outcome.STOP
+    view = job_view(db, job_id)
+    assert view["status"] == "failed"
+    assert "was moved by someone else" in view["error"]
+    assert view["finished_at"] is not None
+    assert git(py_repo, "rev-parse", f"merlin/{job_id}") == moved_to
+
+
+def test_fail_job_only_from_the_lease_holder(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    with db.reader() as session:
+        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
+    assert claim(db, step_id, "attempt", "owner", 30)
+    assert not fail_job(db, settings, job_id, "s0", "zombie", "boom")
+    assert job_view(db, job_id)["status"] == "pending"
+    assert fail_job(db, settings, job_id, "s0", "owner", "boom")
+    assert job_view(db, job_id)["status"] == "failed"
+
+
+def test_sweep_closes_a_failed_job_that_was_never_finalized(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path, steps=2)
+    with db.session() as session:  # the worker died between failing the job and closing it
+        fail_job_in_session(session, job_id, None, "died")
+    assert job_view(db, job_id)["finished_at"] is None
+    assert sweep(db, settings, lambda _: None) == []
+    view = job_view(db, job_id)
+    assert view["finished_at"] is not None
+    assert [s["status"] for s in view["steps"]] == ["Skipped", "Skipped"]
+
+
+def test_one_broken_job_does_not_stop_the_sweep(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    gone = make_repo(tmp_path / "gone", {"pyproject.toml": "", "app.py": "x = 1\n"})
+    broken = _job(db, settings, gone, tmp_path)
+    with db.session() as session:
+        fail_job_in_session(session, broken, None, "died")
+    shutil.rmtree(gone)  # finalizing it now fails: its repository is gone
+    healthy = _job(db, settings, py_repo, tmp_path)
+    with db.session() as session:
+        session.execute(
+            update(Step).where(Step.job_id == healthy).values(lease_expires_at=datetime(2000, 1, 1))
+        )
+    enqueued: list[str] = []
+    assert sweep(db, settings, enqueued.append) == [healthy]
+    assert enqueued == [healthy]
+
+
+class _BrokenDatabase:
+    def session(self) -> Any:
+        raise RuntimeError("database unreachable")
+
+
+def test_heartbeat_counts_a_lease_lost_when_it_cannot_renew() -> None:
+    with Heartbeat(_BrokenDatabase(), 1, "me", 0.3) as heartbeat:  # type: ignore[arg-type]
+        assert not heartbeat.lost
+        time.sleep(0.5)
+        assert heartbeat.lost
+
+
+def test_heartbeat_sees_a_lease_taken_over(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    with db.reader() as session:
+        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
+    assert claim(db, step_id, "attempt", "me", 30)
+    with Heartbeat(db, step_id, "me", 0.3) as heartbeat:
+        with db.session() as session:
+            session.execute(update(Step).where(Step.id == step_id).values(lease_owner="thief"))
+        time.sleep(0.25)
+        assert heartbeat.lost
