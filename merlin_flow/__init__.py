@@ -43,7 +43,11 @@ _EXPORTS: dict[str, str] = {
     "load_script": "merlin_flow.scripted",
     # Escalation
     "AttemptKind": "merlin_flow.escalation",
-    "NextAttempt": "merlin_flow.escalation",
+    "Action": "merlin_flow.escalation",
+    "Decision": "merlin_flow.escalation",
+    "Failure": "merlin_flow.escalation",
+    "FailureKind": "merlin_flow.escalation",
+    "classify": "merlin_flow.escalation",
     "decide": "merlin_flow.escalation",
     # Errors
     "MerlinError": "merlin_flow.errors",
@@ -56,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "GitError": "merlin_flow.errors",
     "StepFailure": "merlin_flow.errors",
     "AgentError": "merlin_flow.errors",
+    "BudgetExceeded": "merlin_flow.errors",
     "LeaseLost": "merlin_flow.errors",
 }
 

@@ -7,13 +7,14 @@ the loop ends when the model replies without tool calls, or fails at the turn li
 
 from __future__ import annotations
 
-import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from merlin_flow.config import Tier
-from merlin_flow.errors import AgentError
+from merlin_flow.config import Limits, Tier
+from merlin_flow.errors import AgentError, BudgetExceeded
+from merlin_flow.escalation import Action, Failure, classify, decide
 from merlin_flow.llm import Completion, complete
 from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
 
@@ -60,6 +61,7 @@ class AgentResult:
 
 
 CallHook = Callable[[int, Completion | None, BaseException | None], None]
+ModelCall = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], Completion]
 
 
 def run_agent(
@@ -70,22 +72,23 @@ def run_agent(
     max_turns: int,
     on_call: CallHook,
     check_alive: Callable[[], None] = lambda: None,
+    *,
+    limits: Limits | None = None,
+    call_model: ModelCall = complete,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> AgentResult:
     """Converse with ``tier``'s model until it stops calling tools.
 
-    ``on_call(seq, completion, error)`` is told of every model call (the journal);
-    ``check_alive()`` runs before each call and may raise to stop the attempt.
-    Raises AgentError when the model fails or the turn limit is reached.
+    ``on_call(turn, completion, error)`` is told of every model call, retries included
+    (the journal); ``check_alive()`` runs before each call and may raise to stop the
+    attempt. A transiently failing call is retried on the same tier as ``limits`` says
+    (``escalation.decide``). Raises AgentError when the model fails for good or the turn
+    limit is reached, BudgetExceeded when the budget stops the job.
     """
+    limits = limits or Limits()
     messages = first_messages(brief, feedback)
     for turn in range(max_turns):
-        check_alive()
-        try:
-            reply = complete(tier, messages, TOOL_SCHEMAS)
-        except Exception as exc:  # every model error is a failed attempt, never a crash
-            on_call(turn, None, exc)
-            raise AgentError(f"model call failed on tier {tier.name!r}: {_short(exc)}") from None
-        on_call(turn, reply, None)
+        reply = _call(tier, messages, turn, limits, on_call, check_alive, call_model, sleep)
         messages.append(reply.message)
         if not reply.tool_calls:
             return AgentResult(summary=(reply.message.get("content") or "").strip(), turns=turn + 1)
@@ -96,12 +99,42 @@ def run_agent(
     raise AgentError(f"turn limit reached: {max_turns} model replies without finishing")
 
 
+def _call(
+    tier: Tier,
+    messages: list[dict[str, Any]],
+    turn: int,
+    limits: Limits,
+    on_call: CallHook,
+    check_alive: Callable[[], None],
+    call_model: ModelCall,
+    sleep: Callable[[float], None],
+) -> Completion:
+    """One model call, retried while its failures are transient."""
+    retries = 0
+    while True:
+        check_alive()
+        try:
+            reply = call_model(tier, messages, TOOL_SCHEMAS)
+        except Exception as exc:  # every model error is expected input, never a crash
+            on_call(turn, None, exc)
+            failure = Failure(classify(exc), f"{type(exc).__name__}: {_short(exc)}")
+            decision = decide(
+                failure, tier_index=0, tier_count=1, limits=limits, call_retries=retries
+            )
+            if decision.action is Action.RETRY_CALL:
+                sleep(decision.delay)
+                retries += 1
+                continue
+            if decision.action is Action.STOP_JOB:
+                raise BudgetExceeded(failure.reason) from None
+            after = f" after {retries} retries" if retries else ""
+            raise AgentError(
+                f"model call failed on tier {tier.name!r}{after}: {_short(exc)}"
+            ) from None
+        on_call(turn, reply, None)
+        return reply
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) < 500 else text[:500] + "..."
-
-
-def describe_call(completion: Completion) -> str:
-    """One line for logs: the tools a reply called, or that it answered."""
-    names = [c.get("function", {}).get("name") for c in completion.tool_calls]
-    return f"tools: {json.dumps(names)}" if names else "answered"

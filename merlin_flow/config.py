@@ -54,6 +54,10 @@ class Limits(BaseModel):
 
     fix_attempts: int = Field(default=1, ge=0)
     """Fix attempts on the same tier after a failed verification, before escalating."""
+    max_retry_attempts: int = Field(default=2, ge=0)
+    """Retries of a model call that failed transiently (rate limit, timeout, 5xx)."""
+    retry_base_delay: float = Field(default=0.5, ge=0)
+    """Seconds before the first retry of a transient failure; doubled for each next one."""
     max_turns: int = Field(default=20, ge=1)
     """Model replies per attempt before the attempt fails with 'turn limit'."""
     exit_command_timeout: float = Field(default=600.0, gt=0)

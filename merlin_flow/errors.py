@@ -12,6 +12,7 @@ The tree is shallow and split by who must act::
     ├── GitError                 a git command failed unexpectedly
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
     │   └── AgentError           the agent could not finish (turn limit, model error)
+    ├── BudgetExceeded           control flow: the job's budget is spent; the job stops
     └── LeaseLost                control flow: another worker owns the step now
 
 User mistakes (``InputError``) are reported and nothing is enqueued. Run failures
@@ -66,6 +67,10 @@ class StepFailure(MerlinError):
 
 class AgentError(StepFailure):
     """The agent loop ended without finishing: turn limit, model error, no scripted reply."""
+
+
+class BudgetExceeded(MerlinError):
+    """The job's budget cannot pay for the next model call; the job stops."""
 
 
 class LeaseLost(MerlinError):

@@ -1,19 +1,45 @@
-"""What happens after a failed attempt: fix on the same tier, escalate, or give up.
+"""What a failure leads to: the one retry decision, and the feedback attempts are given.
 
-One decision function. After ``fix_attempts`` fixes on a tier have failed, the step moves
-to the next tier and starts again from its base commit, carrying the failures forward as
-feedback; after the last tier it fails.
+Failures come in three kinds (``classify``):
+
+- transient (rate limit, connection error, provider timeout, 5xx): the same model call
+  is retried on the same tier after 0.5 s, 1 s, 2 s... up to ``max_retry_attempts``;
+  then it counts as a capability failure;
+- capability (verification failed, turn limit, tool errors, unparseable output, no
+  scripted reply): ``fix_attempts`` fixes on the same tier, then the next tier from the
+  step's base commit with the failures as feedback; after the last tier the step fails;
+- budget: neither; the job stops.
+
+``decide`` is the only function that turns a failure into an action.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING, Protocol
 
-from merlin_flow.store import Attempt
+from merlin_flow.config import Limits
+
+if TYPE_CHECKING:
+    from merlin_flow.store import Attempt
 
 FEEDBACK_CHARS = 6000
 OLDER_ATTEMPT_CHARS = 800
+
+TRANSIENT_ERRORS = frozenset(
+    {
+        "RateLimitError",
+        "Timeout",
+        "APITimeoutError",
+        "APIConnectionError",
+        "InternalServerError",
+        "ServiceUnavailableError",
+        "BadGatewayError",
+    }
+)
+BUDGET_ERRORS = frozenset({"BudgetExceededError", "BudgetExceeded"})
 
 
 class AttemptKind(StrEnum):
@@ -27,31 +53,104 @@ class AttemptKind(StrEnum):
     """The next tier, from the step's base commit, with the failures as feedback."""
 
 
-@dataclass(frozen=True)
-class NextAttempt:
-    """The attempt to make next."""
+class FailureKind(StrEnum):
+    """The three classes of failure, which take different paths."""
 
-    kind: AttemptKind
-    tier_index: int
+    TRANSIENT = "transient"
+    CAPABILITY = "capability"
+    BUDGET = "budget"
+
+
+class Action(StrEnum):
+    """What to do about a failure."""
+
+    RETRY_CALL = "retry_call"
+    """Repeat the same model call on the same tier after ``delay`` seconds."""
+    END_ATTEMPT = "end_attempt"
+    """The attempt fails (a capability failure); verification decides what follows."""
+    FIX = "fix"
+    """A fix attempt on the same tier."""
+    ESCALATE = "escalate"
+    """An attempt on the next tier."""
+    FAIL_STEP = "fail_step"
+    """No tier left: the step fails."""
+    STOP_JOB = "stop_job"
+    """The budget is spent: the job stops."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure and a one-line reason."""
+
+    kind: FailureKind
     reason: str
 
 
+@dataclass(frozen=True)
+class Decision:
+    """The action a failure leads to, with the tier it applies to."""
+
+    action: Action
+    tier_index: int
+    reason: str
+    delay: float = 0.0
+
+    @property
+    def attempt_kind(self) -> AttemptKind:
+        """The kind of the next attempt (for FIX and ESCALATE)."""
+        return AttemptKind.FIX if self.action is Action.FIX else AttemptKind.ESCALATE
+
+
+class _AttemptLike(Protocol):
+    kind: str
+
+
+def classify(exc: BaseException) -> FailureKind:
+    """The kind of a model-call error, by type (never by status code alone).
+
+    Budget errors are checked first: litellm's BudgetExceededError carries status 429 and
+    would otherwise pass for a rate limit.
+    """
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & BUDGET_ERRORS:
+        return FailureKind.BUDGET
+    if names & TRANSIENT_ERRORS:
+        return FailureKind.TRANSIENT
+    return FailureKind.CAPABILITY
+
+
 def decide(
-    attempts: list[Attempt], tier_index: int, tier_count: int, fix_attempts: int
-) -> NextAttempt | None:
-    """The next attempt after the last of ``attempts`` failed, or None to give up."""
-    last = attempts[-1]
-    reason = failure_reason(last)
+    failure: Failure,
+    *,
+    tier_index: int,
+    tier_count: int,
+    limits: Limits,
+    attempts: Sequence[_AttemptLike] = (),
+    call_retries: int | None = None,
+) -> Decision:
+    """What ``failure`` leads to.
+
+    ``call_retries`` (how often this model call was retried already) is given for a
+    failed call inside an attempt; ``attempts`` (the step's attempts, the failed one last)
+    for a failed attempt.
+    """
+    if failure.kind is FailureKind.BUDGET:
+        return Decision(Action.STOP_JOB, tier_index, failure.reason)
+    if call_retries is not None:
+        if failure.kind is FailureKind.TRANSIENT and call_retries < limits.max_retry_attempts:
+            delay = limits.retry_base_delay * 2**call_retries
+            return Decision(Action.RETRY_CALL, tier_index, failure.reason, delay)
+        return Decision(Action.END_ATTEMPT, tier_index, failure.reason)
     fixes = 0
     for attempt in reversed(attempts):
         if attempt.kind != AttemptKind.FIX:
             break
         fixes += 1
-    if fixes < fix_attempts:
-        return NextAttempt(AttemptKind.FIX, tier_index, reason)
+    if fixes < limits.fix_attempts:
+        return Decision(Action.FIX, tier_index, failure.reason)
     if tier_index + 1 < tier_count:
-        return NextAttempt(AttemptKind.ESCALATE, tier_index + 1, reason)
-    return None
+        return Decision(Action.ESCALATE, tier_index + 1, failure.reason)
+    return Decision(Action.FAIL_STEP, tier_index, failure.reason)
 
 
 def failure_reason(attempt: Attempt) -> str:

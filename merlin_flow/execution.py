@@ -7,6 +7,7 @@ a phase is conditional on still holding the step's lease (see ``merlin_flow.leas
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
@@ -18,8 +19,16 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.agent import StepBrief, run_agent
 from merlin_flow.config import MerlinConfig
-from merlin_flow.errors import AgentError, LeaseLost
-from merlin_flow.escalation import AttemptKind, decide, failure_reason, feedback_for
+from merlin_flow.errors import AgentError, BudgetExceeded, LeaseLost
+from merlin_flow.escalation import (
+    Action,
+    AttemptKind,
+    Failure,
+    FailureKind,
+    decide,
+    failure_reason,
+    feedback_for,
+)
 from merlin_flow.leases import Heartbeat, claim, queued_values
 from merlin_flow.llm import Completion
 from merlin_flow.settings import Settings
@@ -41,7 +50,7 @@ from merlin_flow.workspace import (
 
 log = logging.getLogger(__name__)
 
-FINAL_JOB_STATUSES = frozenset({"completed", "failed", "cancelled"})
+FINAL_JOB_STATUSES = frozenset({"completed", "failed", "cancelled", "budget_exceeded"})
 
 
 class Outcome(StrEnum):
@@ -120,11 +129,10 @@ def execute_step(
         return Outcome.STOP
     try:
         with Heartbeat(db, step_id, token, config.limits.lease_seconds) as heartbeat:
-            _run_attempt(db, settings, job_id, step_key, step_id, token, config, heartbeat)
+            return _run_attempt(db, settings, job_id, step_key, step_id, token, config, heartbeat)
     except LeaseLost as exc:
         log.warning("%s", exc)
         return Outcome.STOP
-    return Outcome.CONTINUE
 
 
 def _worktree_path(settings: Settings, job_id: str, name: str, token: str) -> Path:
@@ -142,7 +150,7 @@ def _run_attempt(
     token: str,
     config: MerlinConfig,
     heartbeat: Heartbeat,
-) -> None:
+) -> Outcome:
     def check_alive() -> None:
         if heartbeat.lost:
             raise LeaseLost(f"step {step_key}: lease lost during the attempt")
@@ -153,9 +161,10 @@ def _run_attempt(
     excludes = write_excludes_file(settings.home_dir / "commit-excludes")
     add_worktree(repo, worktree, plan.start_commit)
     try:
+        seqs = itertools.count(plan.calls_so_far)
 
-        def on_call(seq: int, reply: Completion | None, error: BaseException | None) -> None:
-            _journal(db, job_id, step_id, plan, tier.name, tier.model, seq, reply, error)
+        def on_call(turn: int, reply: Completion | None, error: BaseException | None) -> None:
+            _journal(db, job_id, step_id, plan, tier.name, tier.model, next(seqs), reply, error)
 
         summary, error, turns = "", None, 0
         try:
@@ -167,10 +176,14 @@ def _run_attempt(
                 config.limits.max_turns,
                 on_call,
                 check_alive,
+                limits=config.limits,
             )
             summary, turns = result.summary, result.turns
         except AgentError as exc:
             error = str(exc)
+        except BudgetExceeded as exc:
+            _stop_for_budget(db, settings, job_id, step_id, plan.attempt_id, token, str(exc))
+            return Outcome.STOP
         check_alive()
         message = f"merlin({step_key}): {brief.description.splitlines()[0][:72]}"
         commit = commit_all(
@@ -199,6 +212,28 @@ def _run_attempt(
             step_key,
             attempt=plan.number,
         )
+    return Outcome.CONTINUE
+
+
+def _stop_for_budget(
+    db: Database,
+    settings: Settings,
+    job_id: str,
+    step_id: int,
+    attempt_id: int,
+    token: str,
+    reason: str,
+) -> None:
+    """End the job with status ``budget_exceeded``: no more calls are paid for."""
+    with db.session() as session:
+        _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+        attempt = session.get_one(Attempt, attempt_id)
+        attempt.status = "error"
+        attempt.error = reason
+        attempt.finished_at = utcnow()
+        step = session.get_one(Step, step_id)
+        end_job_in_session(session, job_id, step, reason, status="budget_exceeded")
+    finalize_job(db, settings, job_id)
 
 
 def _begin_attempt(
@@ -294,7 +329,7 @@ def _journal(
             job_id=job_id,
             step_id=step_id,
             attempt_id=plan.attempt_id,
-            seq=plan.calls_so_far + seq,
+            seq=seq,
             tier=tier,
             model=model,
             request_hash=reply.request_hash if reply else "",
@@ -453,9 +488,14 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
         if attempt.status != "error":
             attempt.status = "failed"
         session.flush()
-        attempts = list(step.attempts)
-        nxt = decide(attempts, step.tier_index, len(config.tiers), config.limits.fix_attempts)
-        if nxt is not None:
+        nxt = decide(
+            Failure(FailureKind.CAPABILITY, failure_reason(attempt)),
+            attempts=list(step.attempts),
+            tier_index=step.tier_index,
+            tier_count=len(config.tiers),
+            limits=config.limits,
+        )
+        if nxt.action in (Action.FIX, Action.ESCALATE):
             from_tier = config.tiers[step.tier_index].name
             to_tier = config.tiers[nxt.tier_index].name
             _settle(
@@ -463,17 +503,17 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
                 step_id,
                 token,
                 phase="attempt",
-                next_kind=nxt.kind.value,
+                next_kind=nxt.attempt_kind.value,
                 tier_index=nxt.tier_index,
                 **queued_values(settings.handoff_seconds),
             )
-            kind = "escalated" if nxt.kind is AttemptKind.ESCALATE else "fix_planned"
+            kind = "escalated" if nxt.action is Action.ESCALATE else "fix_planned"
             add_event(
                 session,
                 job_id,
                 kind,
-                f"attempt {attempt.number} failed ({nxt.reason[:200]}); next: {nxt.kind} "
-                f"on tier {to_tier}",
+                f"attempt {attempt.number} failed ({nxt.reason[:200]}); "
+                f"next: {nxt.attempt_kind} on tier {to_tier}",
                 step.key,
                 from_tier=from_tier,
                 to_tier=to_tier,
@@ -489,6 +529,13 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
 
 def fail_job_in_session(session: Session, job_id: str, step: Step | None, reason: str) -> None:
     """Mark a step (if given) and its job failed, within an open session."""
+    end_job_in_session(session, job_id, step, reason, status="failed")
+
+
+def end_job_in_session(
+    session: Session, job_id: str, step: Step | None, reason: str, status: str
+) -> None:
+    """End a job early (``failed``, ``budget_exceeded``): its step fails, later ones skip."""
     now = utcnow()
     if step is not None:
         step.status = StepStatus.FAILED
@@ -497,14 +544,14 @@ def fail_job_in_session(session: Session, job_id: str, step: Step | None, reason
         step.phase = "done"
     job = session.get_one(Job, job_id)
     if job.status not in FINAL_JOB_STATUSES:
-        job.status = "failed"
+        job.status = status
         job.error = reason
         job.updated_at = now
-        add_event(session, job_id, "job_failed", reason, step.key if step else None)
+        add_event(session, job_id, f"job_{status}", reason, step.key if step else None)
         for later in job.steps:
             if later.status == StepStatus.PENDING:
                 later.status = StepStatus.SKIPPED
-                later.result = "skipped: the job failed before this step"
+                later.result = f"skipped: the job ended ({status}) before this step"
                 later.phase = "done"
                 later.lease_owner = later.lease_expires_at = None
 

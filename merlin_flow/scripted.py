@@ -15,7 +15,9 @@ no cursor is kept anywhere. Script format (documented for users in docs/scripted
               arguments: {path: "calc.py", content: "..."}
 
 No rule fits: the call fails with ``litellm.BadRequestError`` (a capability failure, so
-the step escalates). Token usage is counted from the text (4 characters a token).
+the step escalates). ``reply: {error: RateLimitError}`` raises that litellm exception
+instead, to rehearse failure paths. Token usage is counted from the text (4 characters a
+token).
 """
 
 from __future__ import annotations
@@ -49,13 +51,35 @@ class ScriptedToolCall(BaseModel):
         return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
 
 
+RAISABLE_ERRORS = (
+    "RateLimitError",
+    "Timeout",
+    "APIConnectionError",
+    "InternalServerError",
+    "ServiceUnavailableError",
+    "BadGatewayError",
+    "BadRequestError",
+    "AuthenticationError",
+    "ContextWindowExceededError",
+)
+
+
 class ScriptedReply(BaseModel):
-    """What the model answers: text, tool calls, or both."""
+    """What the model answers: text, tool calls, or both; or an error it raises."""
 
     model_config = ConfigDict(extra="forbid")
 
     content: str | None = None
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    error: str | None = None
+    """Name of a litellm exception to raise instead of answering (see RAISABLE_ERRORS)."""
+
+    @field_validator("error")
+    @classmethod
+    def _known_error(cls, value: str | None) -> str | None:
+        if value is not None and value not in RAISABLE_ERRORS:
+            raise ValueError(f"unknown error {value!r}; one of: {', '.join(RAISABLE_ERRORS)}")
+        return value
 
 
 class Rule(BaseModel):
@@ -163,6 +187,13 @@ def make_provider() -> Any:
                 turn = sum(1 for m in messages if m.get("role") == "assistant")
                 raise litellm.BadRequestError(
                     message=f"scripted model {model}: no rule fits the conversation at turn {turn}",
+                    model=f"{PROVIDER}/{model}",
+                    llm_provider=PROVIDER,
+                )
+            if reply.error is not None:
+                error_class = getattr(litellm, reply.error)
+                raise error_class(
+                    message=f"scripted {reply.error}",
                     model=f"{PROVIDER}/{model}",
                     llm_provider=PROVIDER,
                 )

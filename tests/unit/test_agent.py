@@ -12,7 +12,6 @@ from merlin_flow.agent import (
     SYSTEM_PROMPT,
     AgentResult,
     StepBrief,
-    describe_call,
     first_messages,
     run_agent,
 )
@@ -210,8 +209,8 @@ def test_on_call_once_per_model_call_with_usage(tmp_path: Path, workdir: Path) -
     assert second is not None
     # The second request carries the whole conversation so far.
     assert second.prompt_tokens > first.prompt_tokens
-    assert describe_call(first) == 'tools: ["write_file"]'
-    assert describe_call(second) == "answered"
+    assert [c["function"]["name"] for c in first.tool_calls] == ["write_file"]
+    assert second.tool_calls == []
 
 
 def test_check_alive_runs_before_each_call_and_can_stop(tmp_path: Path, workdir: Path) -> None:
@@ -269,3 +268,97 @@ def test_the_model_sees_the_feedback(tmp_path: Path, workdir: Path) -> None:
     )
     assert agent(tier, workdir, feedback="assert 41 == 42").summary == "fixing the off-by-one"
     assert agent(tier, workdir, feedback=None).summary == "no feedback seen"
+
+
+# --- transient failures: retried on the same tier with backoff, without sleeping ---------
+
+
+def _rate_limited(times: int) -> tuple[Any, list[int]]:
+    import litellm
+
+    calls: list[int] = []
+
+    def call_model(tier: Tier, messages: list[dict[str, Any]], tools: Any) -> Completion:
+        calls.append(len(messages))
+        if len(calls) <= times:
+            raise litellm.RateLimitError(
+                message="slow down", model=tier.model, llm_provider="openai"
+            )
+        return Completion(
+            message={"role": "assistant", "content": "done"},
+            prompt_tokens=1,
+            completion_tokens=1,
+            cost_usd=0.0,
+            latency_ms=1.0,
+            request_hash="h",
+        )
+
+    return call_model, calls
+
+
+def test_transient_errors_are_retried_with_backoff(tmp_path: Path, workdir: Path) -> None:
+    from merlin_flow.config import Limits
+
+    call_model, calls = _rate_limited(times=2)
+    slept: list[float] = []
+    seen = Calls()
+    result = run_agent(
+        Tier(name="fast", model="openai/x"),
+        BRIEF,
+        Toolbox(workdir),
+        None,
+        5,
+        seen,
+        limits=Limits(max_retry_attempts=2, retry_base_delay=0.5),
+        call_model=call_model,
+        sleep=slept.append,
+    )
+    assert result.summary == "done"
+    assert slept == [0.5, 1.0]
+    assert len(calls) == 3  # the same request, three times: same tier, same conversation
+    assert len(set(calls)) == 1
+    assert len(seen.seen) == 3  # every call, failed ones included, reaches the journal
+
+
+def test_transient_errors_past_the_retries_fail_the_attempt(tmp_path: Path, workdir: Path) -> None:
+    from merlin_flow.config import Limits
+
+    call_model, calls = _rate_limited(times=10)
+    slept: list[float] = []
+    with pytest.raises(AgentError, match="after 2 retries"):
+        run_agent(
+            Tier(name="fast", model="openai/x"),
+            BRIEF,
+            Toolbox(workdir),
+            None,
+            5,
+            Calls(),
+            limits=Limits(max_retry_attempts=2, retry_base_delay=0.25),
+            call_model=call_model,
+            sleep=slept.append,
+        )
+    assert slept == [0.25, 0.5]
+    assert len(calls) == 3
+
+
+def test_budget_errors_stop_without_retry(tmp_path: Path, workdir: Path) -> None:
+    import litellm
+
+    from merlin_flow.errors import BudgetExceeded
+
+    def call_model(tier: Tier, messages: Any, tools: Any) -> Any:
+        raise litellm.BudgetExceededError(current_cost=2.0, max_budget=1.0)
+
+    slept: list[float] = []
+    with pytest.raises(BudgetExceeded):
+        run_agent(
+            Tier(name="fast", model="openai/x"),
+            BRIEF,
+            Toolbox(workdir),
+            None,
+            5,
+            Calls(),
+            call_model=call_model,
+            sleep=slept.append,
+        )
+    assert slept == []

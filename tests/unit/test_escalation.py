@@ -1,4 +1,4 @@
-"""escalation.decide and feedback_for: what follows a failed attempt, and what it is told."""
+"""escalation.decide, classify and feedback_for: what follows a failure, and what it is told."""
 
 from __future__ import annotations
 
@@ -7,10 +7,15 @@ from typing import Any
 
 import pytest
 
+from merlin_flow.config import Limits
 from merlin_flow.escalation import (
     FEEDBACK_CHARS,
+    Action,
     AttemptKind,
-    NextAttempt,
+    Decision,
+    Failure,
+    FailureKind,
+    classify,
     decide,
     failure_reason,
     feedback_for,
@@ -46,6 +51,24 @@ def history(*kinds: AttemptKind) -> list[Any]:
 
 REASON = "exit command failed with exit code 1"
 
+
+def NextAttempt(kind: AttemptKind, tier_index: int, reason: str) -> Decision:
+    action = Action.FIX if kind is AttemptKind.FIX else Action.ESCALATE
+    return Decision(action, tier_index, reason)
+
+
+def after_attempts(
+    attempts: list[Any], tier_index: int, tier_count: int, fixes: int, reason: str = REASON
+) -> Decision:
+    return decide(
+        Failure(FailureKind.CAPABILITY, reason),
+        attempts=attempts,
+        tier_index=tier_index,
+        tier_count=tier_count,
+        limits=Limits(fix_attempts=fixes),
+    )
+
+
 # (attempt kinds so far, tier index, tier count, fix_attempts) -> expected next attempt
 CASES = [
     pytest.param((E,), 0, 3, 1, NextAttempt(F, 0, REASON), id="execute fails -> fix same tier"),
@@ -70,9 +93,13 @@ def test_decide(
     tier_index: int,
     tier_count: int,
     fixes: int,
-    expected: NextAttempt | None,
+    expected: Decision | None,
 ) -> None:
-    assert decide(history(*kinds), tier_index, tier_count, fixes) == expected
+    result = after_attempts(history(*kinds), tier_index, tier_count, fixes)
+    if expected is None:
+        assert result == Decision(Action.FAIL_STEP, tier_index, REASON)
+    else:
+        assert result == expected
 
 
 def test_decide_with_real_attempt_rows() -> None:
@@ -80,8 +107,9 @@ def test_decide_with_real_attempt_rows() -> None:
         Attempt(number=1, kind="execute", tier="local", status="failed", exit_code=2),
         Attempt(number=2, kind="fix", tier="local", status="error", error="turn limit"),
     ]
-    assert decide(rows[:1], 0, 2, 1) == NextAttempt(F, 0, "exit command failed with exit code 2")
-    assert decide(rows, 0, 2, 1) == NextAttempt(X, 1, "turn limit")
+    first = failure_reason(rows[0])
+    assert after_attempts(rows[:1], 0, 2, 1, first) == NextAttempt(F, 0, first)
+    assert after_attempts(rows, 0, 2, 1, failure_reason(rows[1])) == NextAttempt(X, 1, "turn limit")
 
 
 def test_failure_reason_prefers_error() -> None:
@@ -151,3 +179,53 @@ def test_escalate_ignores_attempts_that_did_not_fail() -> None:
     assert text is not None
     assert "STILL-RUNNING" not in text
     assert "REAL-FAILURE" in text
+
+
+def _litellm_errors() -> Any:
+    import litellm
+
+    kw = {"message": "m", "model": "scripted/x", "llm_provider": "scripted"}
+    return [
+        (litellm.RateLimitError(**kw), FailureKind.TRANSIENT),
+        (litellm.Timeout(**kw), FailureKind.TRANSIENT),
+        (litellm.APIConnectionError(**kw), FailureKind.TRANSIENT),
+        (litellm.InternalServerError(**kw), FailureKind.TRANSIENT),
+        (litellm.ServiceUnavailableError(**kw), FailureKind.TRANSIENT),
+        (litellm.BadGatewayError(**kw), FailureKind.TRANSIENT),
+        (litellm.BadRequestError(**kw), FailureKind.CAPABILITY),
+        (litellm.AuthenticationError(**kw), FailureKind.CAPABILITY),
+        (litellm.ContextWindowExceededError(**kw), FailureKind.CAPABILITY),
+        (litellm.BudgetExceededError(current_cost=2.0, max_budget=1.0), FailureKind.BUDGET),
+        (ValueError("unparseable"), FailureKind.CAPABILITY),
+    ]
+
+
+def test_classify_uses_litellm_exception_types() -> None:
+    for exc, kind in _litellm_errors():
+        assert classify(exc) is kind, type(exc).__name__
+
+
+def test_transient_call_failures_back_off_then_end_the_attempt() -> None:
+    limits = Limits(max_retry_attempts=3, retry_base_delay=0.5)
+    failure = Failure(FailureKind.TRANSIENT, "429")
+    decisions = [
+        decide(failure, tier_index=1, tier_count=3, limits=limits, call_retries=n) for n in range(4)
+    ]
+    assert [d.action for d in decisions] == [Action.RETRY_CALL] * 3 + [Action.END_ATTEMPT]
+    assert [d.delay for d in decisions[:3]] == [0.5, 1.0, 2.0]
+    assert all(d.tier_index == 1 for d in decisions)  # retried on the same tier
+
+
+def test_capability_call_failures_are_not_retried() -> None:
+    failure = Failure(FailureKind.CAPABILITY, "no rule fits")
+    decision = decide(failure, tier_index=0, tier_count=2, limits=Limits(), call_retries=0)
+    assert decision.action is Action.END_ATTEMPT
+
+
+def test_budget_stops_the_job_whatever_else_holds() -> None:
+    failure = Failure(FailureKind.BUDGET, "budget spent")
+    for retries in (None, 0):
+        decision = decide(
+            failure, tier_index=0, tier_count=3, limits=Limits(), call_retries=retries
+        )
+        assert decision.action is Action.STOP_JOB

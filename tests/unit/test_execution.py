@@ -170,3 +170,46 @@ def test_heartbeat_sees_a_lease_taken_over(
             session.execute(update(Step).where(Step.id == step_id).values(lease_owner="thief"))
         time.sleep(0.25)
         assert heartbeat.lost
+
+
+def test_rate_limited_tier_retries_then_escalates(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    """Transient errors: same-tier retries with backoff, then a capability failure."""
+    from merlin_flow.config import Limits
+    from merlin_flow.store import LlmCall
+
+    local = tmp_path / "local.yaml"
+    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
+    premium = tmp_path / "premium.yaml"
+    premium.write_text(SCRIPT)
+    config = MerlinConfig(
+        tiers=[
+            Tier(name="local", model=f"scripted/{local}"),
+            Tier(name="premium", model=f"scripted/{premium}"),
+        ],
+        limits=Limits(max_retry_attempts=2, retry_base_delay=0.01, fix_attempts=1),
+    )
+    tasklist = parse_tasklist(
+        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
+    )
+    job_id = create_job(db, settings, tasklist, py_repo, config)
+    outcomes = []
+    for n in range(3):
+        outcomes.append(execute_step(db, settings, job_id, "s0", f"w:{n}a"))
+        outcomes.append(verify_step(db, settings, job_id, "s0", f"w:{n}b"))
+    assert outcomes == [Outcome.CONTINUE, Outcome.RETRY] * 2 + [Outcome.CONTINUE] * 2
+    view = job_view(db, job_id)
+    attempts = view["steps"][0]["attempts"]
+    assert [(a["kind"], a["tier"], a["status"]) for a in attempts] == [
+        ("execute", "local", "error"),
+        ("fix", "local", "error"),
+        ("escalate", "premium", "passed"),
+    ]
+    assert "after 2 retries" in attempts[0]["error"]
+    with db.reader() as session:
+        errors = session.scalars(
+            select(LlmCall.error).where(LlmCall.job_id == job_id, LlmCall.tier == "local")
+        ).all()
+    assert len(errors) == 6  # 1 call + 2 retries, in each of the two local attempts
+    assert all(error is not None and error.startswith("RateLimitError") for error in errors)

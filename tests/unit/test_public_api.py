@@ -8,8 +8,9 @@ import sys
 import merlin_flow
 
 PINNED_API = {
-    "AgentError", "AttemptKind", "ConfigError", "GitError", "InputError", "JobNotFoundError",
-    "LeaseLost", "Limits", "MerlinConfig", "MerlinError", "NextAttempt", "Progress",
+    "Action", "AgentError", "AttemptKind", "BudgetExceeded", "Decision", "Failure",
+    "FailureKind", "classify", "ConfigError", "GitError", "InputError", "JobNotFoundError",
+    "LeaseLost", "Limits", "MerlinConfig", "MerlinError", "Progress",
     "RepositoryError", "Script", "Settings", "StepFailure", "StepStatus", "StepType",
     "StoreError", "TaskList", "TaskListError", "TaskListStatus", "TaskStep", "Tier", "Toolbox",
     "create_job", "decide", "enqueue_job", "get_settings", "job_view", "list_jobs",
