@@ -29,6 +29,7 @@ from merlin_flow.escalation import (
     failure_reason,
     feedback_for,
 )
+from merlin_flow.journal import CallContext, JournalEntry, Replayer, record_call, replayable_calls
 from merlin_flow.leases import Heartbeat, claim, queued_values
 from merlin_flow.llm import Completion
 from merlin_flow.settings import Settings
@@ -85,6 +86,8 @@ class _AttemptPlan:
     start_commit: str
     feedback: str | None
     calls_so_far: int
+    run: int
+    replay: list[JournalEntry]
 
 
 def _load(session: Session, job_id: str, step_key: str) -> tuple[Job | None, Step | None]:
@@ -162,9 +165,10 @@ def _run_attempt(
     add_worktree(repo, worktree, plan.start_commit)
     try:
         seqs = itertools.count(plan.calls_so_far)
+        context = CallContext(job_id, step_id, plan.attempt_id, plan.run, tier)
 
         def on_call(turn: int, reply: Completion | None, error: BaseException | None) -> None:
-            _journal(db, job_id, step_id, plan, tier.name, tier.model, next(seqs), reply, error)
+            record_call(db, context, next(seqs), turn, reply, error)
 
         summary, error, turns = "", None, 0
         try:
@@ -177,6 +181,7 @@ def _run_attempt(
                 on_call,
                 check_alive,
                 limits=config.limits,
+                call_model=Replayer(plan.replay),
             )
             summary, turns = result.summary, result.turns
         except AgentError as exc:
@@ -306,52 +311,13 @@ def _begin_attempt(
             start_commit=attempt.start_commit,
             feedback=attempt.feedback,
             calls_so_far=calls or 0,
+            run=attempt.runs,
+            replay=replayable_calls(session, attempt.id),
         )
         brief = StepBrief(
             step.key, step.step_type, step.description, step.verification, step.exit_command
         )
         return plan, Path(job.repo), brief
-
-
-def _journal(
-    db: Database,
-    job_id: str,
-    step_id: int,
-    plan: _AttemptPlan,
-    tier: str,
-    model: str,
-    seq: int,
-    reply: Completion | None,
-    error: BaseException | None,
-) -> None:
-    with db.session() as session:
-        call = LlmCall(
-            job_id=job_id,
-            step_id=step_id,
-            attempt_id=plan.attempt_id,
-            seq=seq,
-            tier=tier,
-            model=model,
-            request_hash=reply.request_hash if reply else "",
-            error=f"{type(error).__name__}: {error}"[:2000] if error else None,
-        )
-        if reply is not None:
-            call.prompt_tokens = reply.prompt_tokens
-            call.completion_tokens = reply.completion_tokens
-            call.cost_usd = reply.cost_usd
-            call.latency_ms = reply.latency_ms
-            call.response = reply.message
-            session.execute(
-                update(Attempt)
-                .where(Attempt.id == plan.attempt_id)
-                .values(
-                    prompt_tokens=Attempt.prompt_tokens + reply.prompt_tokens,
-                    completion_tokens=Attempt.completion_tokens + reply.completion_tokens,
-                    cost_usd=Attempt.cost_usd + reply.cost_usd,
-                )
-                .execution_options(synchronize_session=False)
-            )
-        session.add(call)
 
 
 def verify_step(

@@ -54,6 +54,8 @@ class Completion:
     latency_ms: float
     request_hash: str
     raw: dict[str, Any] = field(default_factory=dict)
+    replayed: bool = False
+    """Answered from the journal: nothing was paid for it this time."""
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:

@@ -152,6 +152,8 @@ class LlmCall(Base):
         ForeignKey("attempts.id", ondelete="CASCADE"), index=True
     )
     seq: Mapped[int] = mapped_column(Integer)
+    turn: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    run: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     tier: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(Text)
     request_hash: Mapped[str] = mapped_column(String(64))

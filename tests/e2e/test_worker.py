@@ -101,6 +101,21 @@ def _attempt_rows(db: Any, job_id: str) -> list[tuple[str, int, str, int]]:
         return [tuple(row) for row in rows]
 
 
+def _journal(db: Any, job_id: str) -> list[tuple[str, int, int, bool]]:
+    from sqlalchemy import select
+
+    from merlin_flow.store import LlmCall, Step
+
+    with db.reader() as session:
+        rows = session.execute(
+            select(Step.key, LlmCall.run, LlmCall.turn, LlmCall.replayed)
+            .join(Step, Step.id == LlmCall.step_id)
+            .where(LlmCall.job_id == job_id)
+            .order_by(LlmCall.seq)
+        ).all()
+        return [tuple(row) for row in rows]
+
+
 def test_job_survives_a_worker_killed_mid_step(tmp_path: Path, py_repo: Path) -> None:
     home = tmp_path / "home"
     env = merlin_env(home)
@@ -147,6 +162,30 @@ def test_job_survives_a_worker_killed_mid_step(tmp_path: Path, py_repo: Path) ->
     slow = next(s for s in view["steps"] if s["id"] == "slow")
     assert slow["recoveries"] == 1
     assert len(git(py_repo, "rev-list", f"main..merlin/{job_id}").splitlines()) == 3
+
+    # The journal: the call made before the kill was replayed, not paid twice.
+    calls = _journal(db, job_id)
+    assert ("slow", 1, 0, False) in calls  # run 1 paid for turn 0 ...
+    assert ("slow", 2, 0, True) in calls  # ... run 2 replayed it
+    paid = [(key, turn) for key, _run, turn, replayed in calls if not replayed]
+    assert len(paid) == len(set(paid))  # no turn of any attempt paid twice
+    # And the job costs what the same job costs without a crash.
+    clean_env = merlin_env(tmp_path / "clean-home")
+    clean_repo = tmp_path / "clean-repo"
+    git(tmp_path, "clone", "-q", str(py_repo), str(clean_repo))
+    clean = merlin(
+        clean_env,
+        "run",
+        str(tasklist),
+        "--repo",
+        str(clean_repo),
+        "--config",
+        str(config),
+        "--json",
+    )
+    assert clean.returncode == 0, clean.stderr
+    assert view["cost_usd"] == pytest.approx(json.loads(clean.stdout)["cost_usd"], abs=1e-9)
+    assert view["cost_usd"] > 0
 
 
 def test_status_of_a_pending_job_without_workers(tmp_path: Path, py_repo: Path) -> None:

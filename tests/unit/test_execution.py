@@ -213,3 +213,78 @@ def test_rate_limited_tier_retries_then_escalates(
         ).all()
     assert len(errors) == 6  # 1 call + 2 retries, in each of the two local attempts
     assert all(error is not None and error.startswith("RateLimitError") for error in errors)
+
+
+def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.agent import first_messages
+    from merlin_flow.execution import _begin_attempt
+    from merlin_flow.journal import CallContext, record_call
+    from merlin_flow.llm import complete
+    from merlin_flow.store import Attempt, LlmCall
+    from merlin_flow.tools import TOOL_SCHEMAS
+
+    script = tmp_path / "script.yaml"
+    script.write_text(SCRIPT)
+    tier = Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=2.0)
+    config = MerlinConfig(tiers=[tier])
+    tasklist = parse_tasklist(
+        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
+    )
+    job_id = create_job(db, settings, tasklist, py_repo, config)
+    with db.reader() as session:
+        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
+    # Run 1: the worker claims the step, pays for turn 0, and dies.
+    assert claim(db, step_id, "attempt", "dead", 30)
+    plan, _repo, brief = _begin_attempt(db, job_id, step_id, "dead", config)
+    first = complete(tier, first_messages(brief, None), TOOL_SCHEMAS)
+    record_call(db, CallContext(job_id, step_id, plan.attempt_id, 1, tier), 0, 0, first, None)
+    with db.session() as session:
+        session.execute(
+            update(Step).where(Step.id == step_id).values(lease_expires_at=datetime(2000, 1, 1))
+        )
+    # Run 2: a new worker takes over the same attempt.
+    assert execute_step(db, settings, job_id, "s0", "alive") is Outcome.CONTINUE
+    with db.reader() as session:
+        calls = session.execute(
+            select(LlmCall.run, LlmCall.turn, LlmCall.replayed, LlmCall.cost_usd).order_by(
+                LlmCall.seq
+            )
+        ).all()
+        attempt = session.scalars(select(Attempt)).one()
+    assert [(c.run, c.turn, c.replayed) for c in calls] == [
+        (1, 0, False),
+        (2, 0, True),
+        (2, 1, False),
+    ]
+    assert calls[1].cost_usd == 0
+    assert attempt.runs == 2
+    assert attempt.cost_usd == pytest.approx(calls[0].cost_usd + calls[2].cost_usd)
+    assert job_view(db, job_id)["cost_usd"] == pytest.approx(attempt.cost_usd, abs=1e-6)
+
+
+def test_the_replayer_goes_live_at_the_first_different_request(tmp_path: Path) -> None:
+    from merlin_flow.journal import JournalEntry, Replayer
+    from merlin_flow.llm import request_hash
+    from merlin_flow.tools import TOOL_SCHEMAS
+
+    script = tmp_path / "script.yaml"
+    script.write_text("rules:\n  - reply: {content: live}\n")
+    tier = Tier(name="local", model=f"scripted/{script}")
+    asked = [{"role": "user", "content": "q"}]
+    entry = JournalEntry(
+        0,
+        request_hash(tier.model, asked, TOOL_SCHEMAS),
+        {"role": "assistant", "content": "old"},
+        1,
+        1,
+    )
+    replayer = Replayer([entry])
+    replayed = replayer(tier, asked, TOOL_SCHEMAS)
+    assert (replayed.message["content"], replayed.replayed, replayed.cost_usd) == ("old", True, 0.0)
+    other = Replayer([entry])
+    live = other(tier, [{"role": "user", "content": "different"}], TOOL_SCHEMAS)
+    assert (live.message["content"], live.replayed) == ("live", False)
+    # Once live, it stays live even for a request the journal knows.
+    assert other(tier, asked, TOOL_SCHEMAS).replayed is False
