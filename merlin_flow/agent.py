@@ -115,6 +115,8 @@ def _call(
         check_alive()
         try:
             reply = call_model(tier, messages, TOOL_SCHEMAS)
+        except BudgetExceeded:
+            raise  # refused before the call: nothing was sent, nothing to journal
         except Exception as exc:  # every model error is expected input, never a crash
             on_call(turn, None, exc)
             failure = Failure(classify(exc), f"{type(exc).__name__}: {_short(exc)}")

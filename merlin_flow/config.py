@@ -66,6 +66,8 @@ class Limits(BaseModel):
     """Upper bound, in seconds, on one `run_command` tool call."""
     max_recoveries: int = Field(default=3, ge=0)
     """Times a step may be recovered from a lost worker before it fails as 'worker lost'."""
+    expected_completion_tokens: int = Field(default=500, ge=0)
+    """Completion tokens a job's first call is assumed to cost, for budget checks."""
     lease_seconds: float = Field(default=60.0, gt=0)
     """A worker's claim on a step lasts this long; it renews it every third of it."""
 
@@ -81,6 +83,8 @@ class MerlinConfig(BaseModel):
     """Exit command per step type, overriding the project kind's defaults."""
     shell: bool = False
     """Run exit commands through `/bin/sh -c` instead of splitting them with shlex."""
+    budget_usd: float | None = Field(default=None, gt=0)
+    """Default budget of a job in USD (`--budget` overrides it); no limit when unset."""
     limits: Limits = Field(default_factory=Limits)
     """Retry, turn and timeout limits."""
     source: str | None = None

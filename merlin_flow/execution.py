@@ -17,12 +17,14 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from merlin_flow.agent import StepBrief, run_agent
+from merlin_flow.agent import StepBrief, first_messages, run_agent
+from merlin_flow.budget import BudgetGuard
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import AgentError, BudgetExceeded, LeaseLost
 from merlin_flow.escalation import (
     Action,
     AttemptKind,
+    Decision,
     Failure,
     FailureKind,
     decide,
@@ -35,7 +37,7 @@ from merlin_flow.llm import Completion
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
 from merlin_flow.tasklist import FINISHED_STEP_STATUSES, StepStatus
-from merlin_flow.tools import Toolbox
+from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
 from merlin_flow.verify import run_exit_command
 from merlin_flow.workspace import (
     add_worktree,
@@ -88,6 +90,7 @@ class _AttemptPlan:
     calls_so_far: int
     run: int
     replay: list[JournalEntry]
+    budget_usd: float | None
 
 
 def _load(session: Session, job_id: str, step_key: str) -> tuple[Job | None, Step | None]:
@@ -165,6 +168,7 @@ def _run_attempt(
     add_worktree(repo, worktree, plan.start_commit)
     try:
         seqs = itertools.count(plan.calls_so_far)
+        guard = BudgetGuard(db, job_id, plan.budget_usd, config.limits.expected_completion_tokens)
         context = CallContext(job_id, step_id, plan.attempt_id, plan.run, tier)
 
         def on_call(turn: int, reply: Completion | None, error: BaseException | None) -> None:
@@ -181,7 +185,7 @@ def _run_attempt(
                 on_call,
                 check_alive,
                 limits=config.limits,
-                call_model=Replayer(plan.replay),
+                call_model=Replayer(plan.replay, before_live=guard.before_call),
             )
             summary, turns = result.summary, result.turns
         except AgentError as exc:
@@ -313,6 +317,7 @@ def _begin_attempt(
             calls_so_far=calls or 0,
             run=attempt.runs,
             replay=replayable_calls(session, attempt.id),
+            budget_usd=job.budget_usd,
         )
         brief = StepBrief(
             step.key, step.step_type, step.description, step.verification, step.exit_command
@@ -461,7 +466,11 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
             tier_count=len(config.tiers),
             limits=config.limits,
         )
-        if nxt.action in (Action.FIX, Action.ESCALATE):
+        over_budget = _escalation_over_budget(db, session, job_id, step, nxt, config)
+        if over_budget is not None:
+            _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+            end_job_in_session(session, job_id, step, over_budget, status="budget_exceeded")
+        elif nxt.action in (Action.FIX, Action.ESCALATE):
             from_tier = config.tiers[step.tier_index].name
             to_tier = config.tiers[nxt.tier_index].name
             _settle(
@@ -486,11 +495,31 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
                 reason=nxt.reason[:2000],
             )
             return Outcome.RETRY
-        _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
-        reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
-        fail_job_in_session(session, job_id, step, reason)
+        else:
+            _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+            reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
+            fail_job_in_session(session, job_id, step, reason)
     finalize_job(db, settings, job_id)
     return Outcome.STOP
+
+
+def _escalation_over_budget(
+    db: Database, session: Session, job_id: str, step: Step, nxt: Decision, config: MerlinConfig
+) -> str | None:
+    """Why the planned escalation cannot be paid for, or None when it can."""
+    budget = session.get_one(Job, job_id).budget_usd
+    if nxt.action is not Action.ESCALATE or budget is None:
+        return None
+    brief = StepBrief(
+        step.key, step.step_type, step.description, step.verification, step.exit_command
+    )
+    messages = first_messages(brief, feedback_for(AttemptKind.ESCALATE, list(step.attempts)))
+    guard = BudgetGuard(db, job_id, budget, config.limits.expected_completion_tokens)
+    try:
+        guard.check(config.tiers[nxt.tier_index], messages, TOOL_SCHEMAS, "escalating")
+    except BudgetExceeded as exc:
+        return f"step {step.key} stopped before escalating: {exc}"
+    return None
 
 
 def fail_job_in_session(session: Session, job_id: str, step: Step | None, reason: str) -> None:

@@ -37,6 +37,7 @@ def create_job(
     tasklist: TaskList,
     repo_path: Path,
     config: MerlinConfig,
+    budget_usd: float | None = None,
 ) -> str:
     """Validate and record a job; returns its id. Raises InputError and writes nothing."""
     tasklist.check_submittable()
@@ -59,6 +60,7 @@ def create_job(
                 head_commit=base,
                 tasklist=tasklist.model_dump(mode="json"),
                 config=config.model_dump(mode="json"),
+                budget_usd=budget_usd if budget_usd is not None else config.budget_usd,
             )
             session.add(job)
             for position, (step, start, command) in enumerate(
@@ -153,6 +155,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "head_commit": job.head_commit,
             "error": job.error,
             "cost_usd": round(float(cost or 0.0), 6),
+            "budget_usd": job.budget_usd,
             "patch": job.patch_path,
             "created_at": _iso(job.created_at),
             "started_at": _iso(job.started_at),

@@ -10,6 +10,7 @@ crash never pays twice for a call.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ from sqlalchemy.orm import Session
 from merlin_flow.config import Tier
 from merlin_flow.llm import Completion, complete, request_hash
 from merlin_flow.store import Attempt, Database, LlmCall
+
+ModelCheck = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], None]
 
 
 @dataclass(frozen=True)
@@ -72,10 +75,14 @@ def replayable_calls(session: Session, attempt_id: int) -> list[JournalEntry]:
 class Replayer:
     """A model call (``agent.ModelCall``) that answers from the journal while it can."""
 
-    def __init__(self, entries: list[JournalEntry]) -> None:
-        """Replay ``entries`` (turn order) before going live."""
+    def __init__(self, entries: list[JournalEntry], before_live: ModelCheck | None = None) -> None:
+        """Replay ``entries`` (turn order) before going live.
+
+        ``before_live`` runs before every live call and may raise (the budget check).
+        """
         self._entries = entries
         self._live = not entries
+        self._before_live = before_live
 
     def __call__(
         self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -96,6 +103,8 @@ class Replayer:
                     replayed=True,
                 )
             self._live = True  # the conversation left the journal: never come back
+        if self._before_live is not None:
+            self._before_live(tier, messages, tools)
         return complete(tier, messages, tools)
 
 

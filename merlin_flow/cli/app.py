@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from merlin_flow.errors import MerlinError
+from merlin_flow.errors import InputError, MerlinError
 
 if TYPE_CHECKING:
     from merlin_flow.settings import Settings
@@ -44,6 +44,13 @@ RepoOption = Annotated[
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", help="merlin.toml to use instead of <repo>/merlin.toml.")
 ]
+BudgetOption = Annotated[
+    float | None,
+    typer.Option(
+        "--budget",
+        help="Most the job may spend on model calls, in USD (default: budget_usd in config).",
+    ),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 TaskListArg = Annotated[Path, typer.Argument(help="TaskList file (YAML or JSON).")]
 
@@ -64,19 +71,23 @@ def _state() -> tuple[Settings, Database]:
     return settings, open_database(settings.database)
 
 
-def _prepare(tasklist_path: Path, repo: Path, config_path: Path | None) -> tuple[Any, ...]:
+def _prepare(
+    tasklist_path: Path, repo: Path, config_path: Path | None, budget: float | None
+) -> tuple[Any, ...]:
     """Validate input and create the job; nothing is enqueued yet."""
     from merlin_flow.config import load_config
     from merlin_flow.jobs import create_job
     from merlin_flow.tasklist import load_tasklist
     from merlin_flow.workspace import find_repository
 
+    if budget is not None and not budget > 0:
+        raise InputError(f"--budget must be more than 0 USD, not {budget:g}")
     tasklist = load_tasklist(tasklist_path)
     tasklist.check_submittable()
     top = find_repository(repo)
     config = load_config(top, config_path)
     settings, db = _state()
-    job_id = create_job(db, settings, tasklist, top, config)
+    job_id = create_job(db, settings, tasklist, top, config, budget_usd=budget)
     return settings, db, job_id
 
 
@@ -122,12 +133,13 @@ def run(
     tasklist: TaskListArg,
     repo: RepoOption = Path("."),
     config: ConfigOption = None,
+    budget: BudgetOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Submit a TaskList and work it in this process, with live progress."""
 
     def work() -> None:
-        settings, db, job_id = _prepare(tasklist, repo, config)
+        settings, db, job_id = _prepare(tasklist, repo, config, budget)
         _run_embedded(settings, db, job_id, as_json)
 
     _guarded(work)
@@ -154,13 +166,14 @@ def submit(
     tasklist: TaskListArg,
     repo: RepoOption = Path("."),
     config: ConfigOption = None,
+    budget: BudgetOption = None,
     wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Enqueue a TaskList for the workers (`merlin worker`) and print the job id."""
 
     def work() -> None:
-        _settings, db, job_id = _prepare(tasklist, repo, config)
+        _settings, db, job_id = _prepare(tasklist, repo, config, budget)
         from merlin_flow.workflow import enqueue_job
         from workers.app import app as celery_app
 

@@ -138,3 +138,41 @@ def test_run_on_postgres(tmp_path: Path, py_repo: Path, postgres_url: str) -> No
     listing = json.loads(merlin(env, "list", "--json").stdout)
     assert [job["id"] for job in listing] == [view["id"]]
     assert not (tmp_path / "home" / "merlin.db").exists()
+
+
+EXPENSIVE = """\
+[[tiers]]
+name = "local"
+model = "scripted/local.yaml"
+price_in = 1.0
+price_out = 2.0
+
+[[tiers]]
+name = "premium"
+model = "scripted/premium.yaml"
+price_in = 3000.0
+price_out = 15000.0
+"""
+
+
+def test_budget_stops_the_job_before_an_escalation_it_cannot_pay(
+    tmp_path: Path, py_repo: Path
+) -> None:
+    env = merlin_env(tmp_path / "home")
+    tasklist, config = write_job_files(
+        tmp_path / "job", local=LOCAL_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
+    )
+    config.write_text(EXPENSIVE)
+    result = merlin(
+        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config),
+        "--budget", "0.01", "--json",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    view = json.loads(result.stdout)
+    assert view["status"] == "budget_exceeded"
+    assert view["budget_usd"] == 0.01
+    assert "budget of $0.0100 reached: spent $" in view["error"]
+    assert "escalating on tier 'premium'" in view["error"]
+    attempts = view["steps"][0]["attempts"]
+    assert [(a["kind"], a["tier"]) for a in attempts] == [("execute", "local"), ("fix", "local")]
+    assert 0 < view["cost_usd"] <= 0.01  # the local calls were paid; no premium call was made

@@ -288,3 +288,47 @@ def test_the_replayer_goes_live_at_the_first_different_request(tmp_path: Path) -
     assert (live.message["content"], live.replayed) == ("live", False)
     # Once live, it stays live even for a request the journal knows.
     assert other(tier, asked, TOOL_SCHEMAS).replayed is False
+
+
+def test_budget_refuses_the_first_call_it_cannot_pay(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.store import LlmCall
+
+    script = tmp_path / "script.yaml"
+    script.write_text(SCRIPT)
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=1.0)]
+    )
+    tasklist = parse_tasklist(
+        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
+    )
+    job_id = create_job(db, settings, tasklist, py_repo, config, budget_usd=1e-6)
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.STOP
+    view = job_view(db, job_id)
+    assert view["status"] == "budget_exceeded"
+    assert view["finished_at"] is not None
+    assert "budget of $0.0000 reached: spent $0.0000" in view["error"]
+    assert view["steps"][0]["attempts"][0]["status"] == "error"
+    with db.reader() as session:
+        assert session.scalars(select(LlmCall)).all() == []  # nothing was sent
+
+
+def test_a_budget_that_covers_the_job_lets_it_finish(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text(SCRIPT)
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=1.0)],
+        budget_usd=1.0,
+    )
+    tasklist = parse_tasklist(
+        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
+    )
+    job_id = create_job(db, settings, tasklist, py_repo, config)
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    assert verify_step(db, settings, job_id, "s0", "w:2") is Outcome.CONTINUE
+    view = job_view(db, job_id)
+    assert view["budget_usd"] == 1.0  # from the configuration
+    assert 0 < view["cost_usd"] < 1.0

@@ -1,0 +1,99 @@
+"""Job budgets: the next call's cost is estimated, and refused if it would overrun.
+
+A job's budget (``--budget`` or ``budget_usd`` in merlin.toml) is checked before every
+live model call and before every escalation. The estimate prices the prompt that is
+about to be sent (its tokens counted as the provider will count them) plus the expected
+completion (the mean completion of the job's earlier calls, or
+``limits.expected_completion_tokens`` before the first). A call is refused when the
+job's spend so far plus that estimate exceeds the budget, so a job never goes over its
+budget by more than one call's estimation error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from merlin_flow.config import Tier
+from merlin_flow.errors import BudgetExceeded
+from merlin_flow.llm import litellm_module
+from merlin_flow.scripted import conversation_text, count_tokens
+from merlin_flow.store import Database, LlmCall
+
+
+def prompt_tokens(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
+    """Tokens of the prompt as the tier's provider counts them (approximately)."""
+    if tier.is_scripted:
+        return count_tokens(conversation_text(messages))
+    try:
+        return int(litellm_module().token_counter(model=tier.model, messages=messages, tools=tools))
+    except Exception:  # an unknown tokenizer: fall back to 4 characters a token
+        return count_tokens(conversation_text(messages))
+
+
+def call_cost(tier: Tier, prompt: int, completion: int) -> float:
+    """USD for a call of ``prompt`` and ``completion`` tokens on ``tier``."""
+    if tier.price_in is not None or tier.price_out is not None:
+        return (prompt * (tier.price_in or 0.0) + completion * (tier.price_out or 0.0)) / 1e6
+    try:
+        cost_in, cost_out = litellm_module().cost_per_token(
+            model=tier.model, prompt_tokens=prompt, completion_tokens=completion
+        )
+        return float(cost_in) + float(cost_out)
+    except Exception:  # a model missing from litellm's price map costs what we know: 0
+        return 0.0
+
+
+def spent(db: Database, job_id: str) -> float:
+    """What the job has paid for so far."""
+    with db.reader() as session:
+        total = session.scalar(
+            select(func.coalesce(func.sum(LlmCall.cost_usd), 0.0)).where(LlmCall.job_id == job_id)
+        )
+    return float(total or 0.0)
+
+
+def expected_completion(db: Database, job_id: str, default: int) -> int:
+    """Completion tokens to expect from the next call: the job's mean so far."""
+    with db.reader() as session:
+        mean = session.scalar(
+            select(func.avg(LlmCall.completion_tokens)).where(
+                LlmCall.job_id == job_id, LlmCall.error.is_(None), LlmCall.replayed.is_(False)
+            )
+        )
+    return round(mean) if mean is not None else default
+
+
+class BudgetGuard:
+    """Raises BudgetExceeded before a call the job's budget cannot pay for."""
+
+    def __init__(
+        self, db: Database, job_id: str, budget_usd: float | None, default_completion: int
+    ) -> None:
+        """Guard ``job_id``'s spending (no limit when ``budget_usd`` is None)."""
+        self.db = db
+        self.job_id = job_id
+        self.budget_usd = budget_usd
+        self.default_completion = default_completion
+
+    def check(
+        self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]], what: str
+    ) -> None:
+        """Refuse ``what`` (a call, an escalation) if its estimate overruns the budget."""
+        if self.budget_usd is None:
+            return
+        completion = expected_completion(self.db, self.job_id, self.default_completion)
+        estimate = call_cost(tier, prompt_tokens(tier, messages, tools), completion)
+        paid = spent(self.db, self.job_id)
+        if paid + estimate > self.budget_usd:
+            raise BudgetExceeded(
+                f"budget of ${self.budget_usd:.4f} reached: spent ${paid:.4f}, and {what} on "
+                f"tier {tier.name!r} is estimated at ${estimate:.4f}"
+            )
+
+    def before_call(
+        self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> None:
+        """The check before a live model call."""
+        self.check(tier, messages, tools, "the next model call")
