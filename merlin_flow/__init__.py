@@ -49,6 +49,10 @@ _EXPORTS: dict[str, str] = {
     "FailureKind": "merlin_flow.escalation",
     "classify": "merlin_flow.escalation",
     "decide": "merlin_flow.escalation",
+    # Routing
+    "Complexity": "merlin_flow.routing",
+    "Routing": "merlin_flow.config",
+    "start_tier": "merlin_flow.routing",
     # Errors
     "MerlinError": "merlin_flow.errors",
     "InputError": "merlin_flow.errors",

@@ -1,8 +1,9 @@
 """Job configuration: model tiers, exit commands and limits, read from ``merlin.toml``.
 
 The shipped defaults are ``config/merlin.toml``. A repository's own ``merlin.toml`` (or
-``--config FILE``) is laid over them: ``[[tiers]]`` replaces the whole list, and the
-``[exit_commands]`` and ``[limits]`` tables merge key by key. The resolved configuration is
+``--config FILE``) is laid over them: ``[[tiers]]`` replaces the whole list (and drops
+the default ``[routing]``, which names the default tiers), and the ``[exit_commands]``,
+``[limits]`` and ``[routing]`` tables merge key by key. The resolved configuration is
 stored with each job, so every worker runs the job with the configuration it was
 submitted with.
 """
@@ -72,6 +73,17 @@ class Limits(BaseModel):
     """A worker's claim on a step lasts this long; it renews it every third of it."""
 
 
+class Routing(BaseModel):
+    """Which tier a step starts on, by its complexity (see merlin_flow.routing)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    medium: str | None = None
+    """Tier for medium steps; the cheapest tier when unset."""
+    complex: str | None = None
+    """Tier for complex steps; the cheapest tier when unset."""
+
+
 class MerlinConfig(BaseModel):
     """Everything a job needs to know about models, exit commands and limits."""
 
@@ -87,6 +99,8 @@ class MerlinConfig(BaseModel):
     """Default budget of a job in USD (`--budget` overrides it); no limit when unset."""
     limits: Limits = Field(default_factory=Limits)
     """Retry, turn and timeout limits."""
+    routing: Routing = Field(default_factory=Routing)
+    """Starting tier by step complexity (simple steps always start on the cheapest)."""
     source: str | None = None
     """The file the configuration was read from (set by the loader)."""
 
@@ -96,6 +110,12 @@ class MerlinConfig(BaseModel):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"tier names must be unique; repeated: {', '.join(duplicates)}")
+        for level in ("medium", "complex"):
+            name = getattr(self.routing, level)
+            if name is not None and name not in names:
+                raise ValueError(
+                    f"routing.{level} names unknown tier {name!r}; tiers: {', '.join(names)}"
+                )
         return self
 
     def tier_index(self, name: str) -> int:
@@ -122,6 +142,8 @@ def load_config(repo: Path | None = None, config_path: Path | None = None) -> Me
     if source is not None:
         overlay = _read_toml(source)
         _resolve_scripted_paths(overlay, source.parent)
+        if "tiers" in overlay and "routing" not in overlay:
+            data.pop("routing", None)  # the defaults' routing names the defaults' tiers
         data = _merge(data, overlay)
         data["source"] = str(source)
     try:

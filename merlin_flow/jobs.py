@@ -19,6 +19,7 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import JobNotFoundError
 from merlin_flow.execution import add_event
 from merlin_flow.leases import queued_values
+from merlin_flow.routing import start_tier
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
 from merlin_flow.tasklist import StepStatus, TaskList
@@ -42,7 +43,7 @@ def create_job(
     """Validate and record a job; returns its id. Raises InputError and writes nothing."""
     tasklist.check_submittable()
     repo = find_repository(repo_path)
-    starts = [config.tier_index(step.tier) if step.tier else 0 for step in tasklist.steps]
+    starts = [start_tier(step, config) for step in tasklist.steps]
     commands = [exit_command_for(step, config, repo) for step in tasklist.steps]
     job_id = new_job_id()
     base = head_commit(repo)
@@ -63,7 +64,7 @@ def create_job(
                 budget_usd=budget_usd if budget_usd is not None else config.budget_usd,
             )
             session.add(job)
-            for position, (step, start, command) in enumerate(
+            for position, (step, (start, complexity), command) in enumerate(
                 zip(tasklist.steps, starts, commands, strict=True)
             ):
                 row = Step(
@@ -78,6 +79,7 @@ def create_job(
                     status=StepStatus.PENDING.value,
                     phase="attempt",
                     tier_index=start,
+                    complexity=complexity.value,
                     next_kind="execute",
                 )
                 if position == 0:
@@ -134,6 +136,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "description": step.description,
                     "status": step.status,
                     "tier": tiers[step.tier_index] if step.tier_index < len(tiers) else None,
+                    "complexity": step.complexity,
                     "exit_command": step.exit_command,
                     "error": step.error,
                     "result": step.result,

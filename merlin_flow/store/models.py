@@ -92,6 +92,7 @@ class Step(Base):
     # exit command; 'done': nothing more to do.
     phase: Mapped[str] = mapped_column(String(16), default="attempt")
     tier_index: Mapped[int] = mapped_column(Integer, default=0)
+    complexity: Mapped[str | None] = mapped_column(String(16))
     next_kind: Mapped[str] = mapped_column(String(16), default="execute")
     base_commit: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)

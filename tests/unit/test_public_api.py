@@ -9,7 +9,8 @@ import merlin_flow
 
 PINNED_API = {
     "Action", "AgentError", "AttemptKind", "BudgetExceeded", "Decision", "Failure",
-    "FailureKind", "classify", "ConfigError", "GitError", "InputError", "JobNotFoundError",
+    "FailureKind", "classify", "Complexity", "Routing", "start_tier", "ConfigError",
+    "GitError", "InputError", "JobNotFoundError",
     "LeaseLost", "Limits", "MerlinConfig", "MerlinError", "Progress",
     "RepositoryError", "Script", "Settings", "StepFailure", "StepStatus", "StepType",
     "StoreError", "TaskList", "TaskListError", "TaskListStatus", "TaskStep", "Tier", "Toolbox",
