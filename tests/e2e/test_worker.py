@@ -126,11 +126,15 @@ def test_job_survives_a_worker_killed_mid_step(tmp_path: Path, py_repo: Path) ->
     try:
         job_id = _submit(env, tasklist, py_repo, config)
         db = open_database(f"sqlite:///{home / 'merlin.db'}")
-        # Kill the whole worker (main process and pool) while step "slow" is in its attempt.
+        # Kill the whole worker (main process and pool) while step "slow" is in its
+        # attempt, after its first model call was paid for (its tool is now sleeping).
         wait_for(
-            lambda: ("slow", 1, "running", 1) in _attempt_rows(db, job_id),
+            lambda: (
+                ("slow", 1, "running", 1) in _attempt_rows(db, job_id)
+                and ("slow", 1, 0, False) in _journal(db, job_id)
+            ),
             90,
-            "step 'slow' to start its attempt",
+            "step 'slow' to make its first model call",
         )
         fix_before = [r for r in _attempt_rows(db, job_id) if r[0] == "fix"]
         kill_worker(first)
