@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from merlin_flow.config import Tier
 from merlin_flow.errors import BudgetExceeded
-from merlin_flow.llm import litellm_module
+from merlin_flow.llm import litellm_module, tier_price
 from merlin_flow.scripted import conversation_text, count_tokens
 from merlin_flow.store import Database, LlmCall
 
@@ -34,8 +34,9 @@ def prompt_tokens(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[s
 
 def call_cost(tier: Tier, prompt: int, completion: int) -> float:
     """USD for a call of ``prompt`` and ``completion`` tokens on ``tier``."""
-    if tier.price_in is not None or tier.price_out is not None:
-        return (prompt * (tier.price_in or 0.0) + completion * (tier.price_out or 0.0)) / 1e6
+    own = tier_price(tier, prompt, completion)
+    if own is not None:
+        return own
     try:
         cost_in, cost_out = litellm_module().cost_per_token(
             model=tier.model, prompt_tokens=prompt, completion_tokens=completion

@@ -109,9 +109,17 @@ def _message_dict(message: Any) -> dict[str, Any]:
     return result
 
 
+def tier_price(tier: Tier, prompt: int, completion: int) -> float | None:
+    """USD for these tokens at the tier's own prices; None when it sets none."""
+    if tier.price_in is None and tier.price_out is None:
+        return None
+    return (prompt * (tier.price_in or 0.0) + completion * (tier.price_out or 0.0)) / 1e6
+
+
 def _cost(litellm: Any, tier: Tier, response: Any, prompt: int, completion: int) -> float:
-    if tier.price_in is not None or tier.price_out is not None:
-        return (prompt * (tier.price_in or 0.0) + completion * (tier.price_out or 0.0)) / 1e6
+    own = tier_price(tier, prompt, completion)
+    if own is not None:
+        return own
     try:
         return float(litellm.completion_cost(completion_response=response))
     except Exception:  # litellm raises assorted errors for models missing from its map
