@@ -270,6 +270,38 @@ def list_(as_json: JsonOption = False) -> None:
     _guarded(work)
 
 
+@app.command()
+def costs(
+    job_id: Annotated[str | None, typer.Argument(help="A job id (omit with --since).")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Totals across jobs created since, e.g. 7d.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Calls, tokens and cost of a job (per step, tier, attempt), or totals since a time."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import costs_since_table, job_costs_tables
+        from merlin_flow.costs import costs_since, job_costs, parse_since
+
+        if (job_id is None) == (since is None):
+            raise InputError("give a JOB id or --since (like --since 7d): one of the two")
+        _, db = _state()
+        if job_id is not None:
+            report = job_costs(db, job_id)
+            tables = job_costs_tables(report)
+        else:
+            report = costs_since(db, parse_since(since or ""))
+            tables = [costs_since_table(report)]
+        if as_json:
+            console.print_json(json.dumps(report))
+        else:
+            for table in tables:
+                console.print(table)
+
+    _guarded(work)
+
+
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Create or upgrade the schema of MERLIN_DATABASE_URL to the newest revision."""

@@ -141,3 +141,70 @@ def _event_line(event: dict[str, Any]) -> str:
 
 def _events_text(events: list[dict[str, Any]]) -> Text:
     return Text("\n".join(_event_line(e) for e in events), style="dim")
+
+
+COST_COLUMNS = ("calls", "replayed", "failed", "tokens in", "tokens out", "cost")
+
+
+def _cost_cells(row: dict[str, Any]) -> list[str]:
+    return [
+        str(row["calls"]),
+        str(row["replayed_calls"]),
+        str(row["failed_calls"]),
+        str(row["prompt_tokens"]),
+        str(row["completion_tokens"]),
+        f"${row['cost_usd']:.4f}",
+    ]
+
+
+def job_costs_tables(report: dict[str, Any]) -> list[Table]:
+    """`merlin costs JOB`: one row per attempt, then per tier, then the escalations."""
+    budget = report["budget_usd"]
+    title = f"costs of job {report['job_id']} · total ${report['total']['cost_usd']:.4f}"
+    if budget is not None:
+        title += f" of a ${budget:.4f} budget"
+    attempts = Table(title=title, title_justify="left")
+    for column in ("step", "attempt", "kind", "tier", *COST_COLUMNS):
+        attempts.add_column(column)
+    for step in report["steps"]:
+        for attempt in step["attempts"]:
+            attempts.add_row(
+                step["id"],
+                str(attempt["number"]),
+                attempt["kind"],
+                attempt["tier"],
+                *_cost_cells(attempt),
+            )
+    attempts.add_row("total", "", "", "", *_cost_cells(report["total"]), style="bold")
+    tiers = Table(title="per tier", title_justify="left")
+    for column in ("tier", *COST_COLUMNS):
+        tiers.add_column(column)
+    for row in report["tiers"]:
+        tiers.add_row(row["tier"], *_cost_cells(row))
+    tables = [attempts, tiers]
+    if report["escalations"]:
+        escalations = Table(title="escalations", title_justify="left")
+        for column in ("step", "from", "to", "reason"):
+            escalations.add_column(column, overflow="fold")
+        for item in report["escalations"]:
+            escalations.add_row(
+                item["step"] or "", item["from_tier"] or "", item["to_tier"] or "",
+                Text((item["reason"] or "")[:200]),
+            )  # fmt: skip
+        tables.append(escalations)
+    return tables
+
+
+def costs_since_table(report: dict[str, Any]) -> Table:
+    """`merlin costs --since`: totals across jobs, per tier."""
+    title = (
+        f"{report['jobs']} jobs since {report['since']} · ${report['total']['cost_usd']:.4f} · "
+        f"{report['escalations']} escalations"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("tier", *COST_COLUMNS):
+        table.add_column(column)
+    for row in report["tiers"]:
+        table.add_row(row["tier"], *_cost_cells(row))
+    table.add_row("total", *_cost_cells(report["total"]), style="bold")
+    return table

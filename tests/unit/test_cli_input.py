@@ -193,3 +193,28 @@ def test_valid_submit_is_detected_by_the_same_checks(
     assert job_rows(merlin_home) == 1
     assert git(repo, "branch", "--list", "merlin/*").strip("* ") == f"merlin/{job_id}"
     assert new_broker_messages(merlin_home, broker_before) >= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["costs"], "give a JOB id or --since"),
+        (["costs", "abc", "--since", "7d"], "give a JOB id or --since"),
+        (["costs", "--since", "soon"], "use a number and m, h, d or w"),
+        (["costs", "nosuchjob"], "no job with id 'nosuchjob'"),
+        (["run", "x.yaml", "--budget", "0"], "--budget must be more than 0"),
+    ],
+)
+def test_costs_and_budget_bad_input(merlin_home: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_costs_since_with_no_jobs(merlin_home: Path) -> None:
+    import json
+
+    result = CliRunner().invoke(app, ["costs", "--since", "7d", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert (report["jobs"], report["total"]["calls"], report["tiers"]) == (0, 0, [])

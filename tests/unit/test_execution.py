@@ -332,3 +332,55 @@ def test_a_budget_that_covers_the_job_lets_it_finish(
     view = job_view(db, job_id)
     assert view["budget_usd"] == 1.0  # from the configuration
     assert 0 < view["cost_usd"] < 1.0
+
+
+def test_cost_report_of_a_job_with_retries_and_an_escalation(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from datetime import timedelta
+
+    from merlin_flow.config import Limits
+    from merlin_flow.costs import costs_since, job_costs, parse_since
+
+    local = tmp_path / "local.yaml"
+    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
+    premium = tmp_path / "premium.yaml"
+    premium.write_text(SCRIPT)
+    config = MerlinConfig(
+        tiers=[
+            Tier(name="local", model=f"scripted/{local}"),
+            Tier(name="premium", model=f"scripted/{premium}", price_in=3.0, price_out=15.0),
+        ],
+        limits=Limits(max_retry_attempts=1, retry_base_delay=0.0, fix_attempts=0),
+    )
+    tasklist = parse_tasklist(
+        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
+    )
+    job_id = create_job(db, settings, tasklist, py_repo, config, budget_usd=5.0)
+    for n in range(2):
+        execute_step(db, settings, job_id, "s0", f"w:{n}a")
+        verify_step(db, settings, job_id, "s0", f"w:{n}b")
+    report = job_costs(db, job_id)
+    (step,) = report["steps"]
+    local_attempt, premium_attempt = step["attempts"]
+    assert (local_attempt["kind"], local_attempt["calls"], local_attempt["failed_calls"]) == (
+        "execute",
+        2,
+        2,
+    )
+    assert local_attempt["cost_usd"] == 0
+    assert (premium_attempt["kind"], premium_attempt["calls"]) == ("escalate", 2)
+    assert premium_attempt["cost_usd"] > 0
+    assert report["total"]["cost_usd"] == pytest.approx(premium_attempt["cost_usd"])
+    assert report["total"]["cost_usd"] == pytest.approx(job_view(db, job_id)["cost_usd"])
+    assert {t["tier"]: t["calls"] for t in report["tiers"]} == {"local": 2, "premium": 2}
+    assert [(e["from_tier"], e["to_tier"]) for e in report["escalations"]] == [("local", "premium")]
+    assert "RateLimitError" in report["escalations"][0]["reason"]
+    assert report["budget_usd"] == 5.0
+    recent = costs_since(db, parse_since("1d"))
+    assert recent["jobs"] == 1
+    assert recent["total"] == report["total"]
+    assert recent["escalations"] == 1
+    assert parse_since("2w") == timedelta(days=14)
+    with pytest.raises(Exception, match="use a number and m, h, d or w"):
+        parse_since("soon")

@@ -1,0 +1,145 @@
+"""Cost reports from the LLM journal: what ``merlin costs`` prints.
+
+Every figure is summed from ``llm_calls``: a call counts once as made; ``replayed``
+calls (answered from the journal after a crash) and ``failed`` ones (an error instead of
+an answer) are counted apart, and only paid calls carry cost.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
+
+DURATION = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$")
+UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+NO_CALLS = {
+    "calls": 0,
+    "replayed_calls": 0,
+    "failed_calls": 0,
+    "prompt_tokens": 0,
+    "completion_tokens": 0,
+    "cost_usd": 0.0,
+}
+
+
+def parse_since(text: str) -> timedelta:
+    """``30m``, ``12h``, ``7d`` or ``2w`` as a timedelta; InputError otherwise."""
+    match = DURATION.match(text)
+    if match is None:
+        raise InputError(f"--since {text!r}: use a number and m, h, d or w, like 7d")
+    return timedelta(seconds=int(match.group(1)) * UNIT_SECONDS[match.group(2)])
+
+
+def _sums(*group_by: Any) -> Any:
+    paid = LlmCall.error.is_(None) & LlmCall.replayed.is_(False)
+    return select(
+        *group_by,
+        func.count(LlmCall.id).label("calls"),
+        func.sum(case((LlmCall.replayed.is_(True), 1), else_=0)).label("replayed_calls"),
+        func.sum(case((LlmCall.error.is_not(None), 1), else_=0)).label("failed_calls"),
+        func.sum(case((paid, LlmCall.prompt_tokens), else_=0)).label("prompt_tokens"),
+        func.sum(case((paid, LlmCall.completion_tokens), else_=0)).label("completion_tokens"),
+        func.coalesce(func.sum(LlmCall.cost_usd), 0.0).label("cost_usd"),
+    )
+
+
+def _row(row: Any) -> dict[str, Any]:
+    return {
+        "calls": int(row.calls or 0),
+        "replayed_calls": int(row.replayed_calls or 0),
+        "failed_calls": int(row.failed_calls or 0),
+        "prompt_tokens": int(row.prompt_tokens or 0),
+        "completion_tokens": int(row.completion_tokens or 0),
+        "cost_usd": round(float(row.cost_usd or 0.0), 6),
+    }
+
+
+def _escalations(session: Session, job_ids: Any) -> list[dict[str, Any]]:
+    events = session.scalars(
+        select(Event).where(Event.job_id.in_(job_ids), Event.kind == "escalated").order_by(Event.id)
+    ).all()
+    return [
+        {
+            "job_id": event.job_id,
+            "step": event.step_key,
+            "from_tier": (event.data or {}).get("from_tier"),
+            "to_tier": (event.data or {}).get("to_tier"),
+            "reason": (event.data or {}).get("reason"),
+        }
+        for event in events
+    ]
+
+
+def job_costs(db: Database, job_id: str) -> dict[str, Any]:
+    """A job's calls, tokens and cost: total, per tier, per step and per attempt."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        where = LlmCall.job_id == job_id
+        total = session.execute(_sums().where(where)).one()
+        tiers = session.execute(_sums(LlmCall.tier).where(where).group_by(LlmCall.tier)).all()
+        per_attempt = {
+            row.attempt_id: _row(row)
+            for row in session.execute(
+                _sums(LlmCall.attempt_id).where(where).group_by(LlmCall.attempt_id)
+            ).all()
+        }
+        steps = []
+        for step in session.scalars(
+            select(Step).where(Step.job_id == job_id).order_by(Step.position)
+        ).all():
+            attempts = [
+                {
+                    "number": attempt.number,
+                    "kind": attempt.kind,
+                    "tier": attempt.tier,
+                    **per_attempt.get(attempt.id, dict(NO_CALLS)),
+                }
+                for attempt in session.scalars(
+                    select(Attempt).where(Attempt.step_id == step.id).order_by(Attempt.number)
+                ).all()
+            ]
+            steps.append(
+                {
+                    "id": step.key,
+                    "cost_usd": round(sum(a["cost_usd"] for a in attempts), 6),
+                    "calls": sum(a["calls"] for a in attempts),
+                    "attempts": attempts,
+                }
+            )
+        return {
+            "job_id": job_id,
+            "status": job.status,
+            "budget_usd": job.budget_usd,
+            "total": _row(total),
+            "tiers": [{"tier": row.tier, **_row(row)} for row in tiers],
+            "steps": steps,
+            "escalations": _escalations(session, [job_id]),
+        }
+
+
+def costs_since(db: Database, since: timedelta) -> dict[str, Any]:
+    """Totals across the jobs created in the last ``since``, and per tier."""
+    start = utcnow() - since
+    with db.reader() as session:
+        job_ids = select(Job.id).where(Job.created_at >= start)
+        jobs = session.scalar(select(func.count()).select_from(Job).where(Job.created_at >= start))
+        where = LlmCall.job_id.in_(job_ids)
+        total = session.execute(_sums().where(where)).one()
+        tiers = session.execute(_sums(LlmCall.tier).where(where).group_by(LlmCall.tier)).all()
+        escalations = _escalations(session, job_ids)
+    return {
+        "since": start.isoformat(timespec="seconds") + "Z",
+        "jobs": int(jobs or 0),
+        "total": _row(total),
+        "tiers": [{"tier": row.tier, **_row(row)} for row in tiers],
+        "escalations": len(escalations),
+    }
