@@ -172,6 +172,21 @@ def test_heartbeat_sees_a_lease_taken_over(
         assert heartbeat.lost
 
 
+def _rate_limited_then_premium(tmp_path: Path, limits: Any) -> MerlinConfig:
+    """A local tier that always answers RateLimitError, and a premium tier that works."""
+    local = tmp_path / "local.yaml"
+    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
+    premium = tmp_path / "premium.yaml"
+    premium.write_text(SCRIPT)
+    return MerlinConfig(
+        tiers=[
+            Tier(name="local", model=f"scripted/{local}"),
+            Tier(name="premium", model=f"scripted/{premium}", price_in=3.0, price_out=15.0),
+        ],
+        limits=limits,
+    )
+
+
 def test_rate_limited_tier_retries_then_escalates(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
@@ -179,16 +194,8 @@ def test_rate_limited_tier_retries_then_escalates(
     from merlin_flow.config import Limits
     from merlin_flow.store import LlmCall
 
-    local = tmp_path / "local.yaml"
-    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
-    premium = tmp_path / "premium.yaml"
-    premium.write_text(SCRIPT)
-    config = MerlinConfig(
-        tiers=[
-            Tier(name="local", model=f"scripted/{local}"),
-            Tier(name="premium", model=f"scripted/{premium}"),
-        ],
-        limits=Limits(max_retry_attempts=2, retry_base_delay=0.01, fix_attempts=1),
+    config = _rate_limited_then_premium(
+        tmp_path, Limits(max_retry_attempts=2, retry_base_delay=0.01, fix_attempts=1)
     )
     tasklist = parse_tasklist(
         {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
@@ -342,16 +349,8 @@ def test_cost_report_of_a_job_with_retries_and_an_escalation(
     from merlin_flow.config import Limits
     from merlin_flow.costs import costs_since, job_costs, parse_since
 
-    local = tmp_path / "local.yaml"
-    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
-    premium = tmp_path / "premium.yaml"
-    premium.write_text(SCRIPT)
-    config = MerlinConfig(
-        tiers=[
-            Tier(name="local", model=f"scripted/{local}"),
-            Tier(name="premium", model=f"scripted/{premium}", price_in=3.0, price_out=15.0),
-        ],
-        limits=Limits(max_retry_attempts=1, retry_base_delay=0.0, fix_attempts=0),
+    config = _rate_limited_then_premium(
+        tmp_path, Limits(max_retry_attempts=1, retry_base_delay=0.0, fix_attempts=0)
     )
     tasklist = parse_tasklist(
         {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
