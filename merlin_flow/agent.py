@@ -121,7 +121,7 @@ def _call(
             on_call(turn, None, exc)
             failure = Failure(classify(exc), f"{type(exc).__name__}: {_short(exc)}")
             decision = decide(
-                failure, tier_index=0, tier_count=1, limits=limits, call_retries=retries
+                failure, tier_index=0, next_tier=None, limits=limits, call_retries=retries
             )
             if decision.action is Action.RETRY_CALL:
                 sleep(decision.delay)

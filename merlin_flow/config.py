@@ -41,6 +41,13 @@ class Tier(BaseModel):
     """Upper bound on completion tokens per call (provider default when unset)."""
     timeout: float = Field(default=600.0, gt=0)
     """Seconds before one model request is abandoned."""
+    step_types: list[StepType] = Field(default_factory=list)
+    """Step types this tier takes (empty: every type). Routing and escalation pass over a
+    tier for other types, e.g. a coder model for Feature/Refactor/Test steps only."""
+
+    def serves(self, step_type: StepType) -> bool:
+        """True when steps of ``step_type`` may run on this tier."""
+        return not self.step_types or step_type in self.step_types
 
     @property
     def is_scripted(self) -> bool:
@@ -116,7 +123,17 @@ class MerlinConfig(BaseModel):
                 raise ValueError(
                     f"routing.{level} names unknown tier {name!r}; tiers: {', '.join(names)}"
                 )
+        unserved = [t.value for t in StepType if not any(tier.serves(t) for tier in self.tiers)]
+        if unserved:
+            raise ValueError(f"no tier takes step type(s) {', '.join(unserved)} (tiers.step_types)")
         return self
+
+    def next_tier(self, index: int, step_type: StepType) -> int | None:
+        """The first tier above ``index`` that takes ``step_type``; None when none does."""
+        return next(
+            (i for i in range(index + 1, len(self.tiers)) if self.tiers[i].serves(step_type)),
+            None,
+        )
 
     def tier_index(self, name: str) -> int:
         """Position of the tier called ``name``; ConfigError if there is none."""

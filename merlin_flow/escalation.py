@@ -123,16 +123,17 @@ def decide(
     failure: Failure,
     *,
     tier_index: int,
-    tier_count: int,
+    next_tier: int | None,
     limits: Limits,
     attempts: Sequence[_AttemptLike] = (),
     call_retries: int | None = None,
 ) -> Decision:
     """What ``failure`` leads to.
 
-    ``call_retries`` (how often this model call was retried already) is given for a
-    failed call inside an attempt; ``attempts`` (the step's attempts, the failed one last)
-    for a failed attempt.
+    ``next_tier`` is the tier an escalation goes to (None on the step's last tier; see
+    ``MerlinConfig.next_tier``). ``call_retries`` (how often this model call was retried
+    already) is given for a failed call inside an attempt; ``attempts`` (the step's
+    attempts, the failed one last) for a failed attempt.
     """
     if failure.kind is FailureKind.BUDGET:
         return Decision(Action.STOP_JOB, tier_index, failure.reason)
@@ -148,8 +149,8 @@ def decide(
         fixes += 1
     if fixes < limits.fix_attempts:
         return Decision(Action.FIX, tier_index, failure.reason)
-    if tier_index + 1 < tier_count:
-        return Decision(Action.ESCALATE, tier_index + 1, failure.reason)
+    if next_tier is not None:
+        return Decision(Action.ESCALATE, next_tier, failure.reason)
     return Decision(Action.FAIL_STEP, tier_index, failure.reason)
 
 

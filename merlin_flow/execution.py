@@ -36,7 +36,7 @@ from merlin_flow.leases import Heartbeat, claim, queued_values
 from merlin_flow.llm import Completion
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
-from merlin_flow.tasklist import FINISHED_STEP_STATUSES, StepStatus
+from merlin_flow.tasklist import FINISHED_STEP_STATUSES, StepStatus, StepType
 from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
 from merlin_flow.verify import run_exit_command
 from merlin_flow.workspace import (
@@ -463,7 +463,7 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
             Failure(FailureKind.CAPABILITY, failure_reason(attempt)),
             attempts=list(step.attempts),
             tier_index=step.tier_index,
-            tier_count=len(config.tiers),
+            next_tier=config.next_tier(step.tier_index, StepType(step.step_type)),
             limits=config.limits,
         )
         over_budget = _escalation_over_budget(db, session, job_id, step, nxt, config)

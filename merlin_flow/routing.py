@@ -1,7 +1,8 @@
 """Routing: which tier a step starts on.
 
 Precedence: the step's own ``tier:``, then the tier ``[routing]`` names for the step's
-complexity. Complexity is a cheap heuristic over the step (no model call), scored:
+complexity, moved up to the first tier that takes the step's type (``step_types`` on a
+tier; a step's own ``tier:`` is taken as written). Complexity is a cheap heuristic over the step (no model call), scored:
 
 - the step type: Debug, Feature and Refactor start at 1; Verify and Test at 0;
 - size: a description of more than 60 words adds 1, one of 12 words or fewer takes 1 off;
@@ -11,7 +12,7 @@ complexity. Complexity is a cheap heuristic over the step (no model call), score
   small work ("typo", "rename", "docstring", "comment", "format", "readme"...) take 1 off.
 
 Score 0 or less is simple, 1 is medium, 2 or more is complex. Simple steps always start
-on the cheapest tier; the escalation path catches the ones the heuristic misjudges, so
+on the cheapest tier that takes their type; the escalation path catches the ones the heuristic misjudges, so
 a wrong guess costs a failed cheap attempt, not a failed job.
 """
 
@@ -87,7 +88,15 @@ def start_tier(step: TaskStep, config: MerlinConfig) -> tuple[int, Complexity]:
     complexity = classify(step)
     if step.tier:
         return config.tier_index(step.tier), complexity
-    if complexity is Complexity.SIMPLE:
-        return 0, complexity
-    name = config.routing.medium if complexity is Complexity.MEDIUM else config.routing.complex
-    return (config.tier_index(name) if name else 0), complexity
+    index = 0
+    if complexity is not Complexity.SIMPLE:
+        level = config.routing.medium if complexity is Complexity.MEDIUM else config.routing.complex
+        index = config.tier_index(level) if level else 0
+    if not config.tiers[index].serves(step.step_type):
+        index = config.next_tier(index, step.step_type) or _first_serving(config, step)
+    return index, complexity
+
+
+def _first_serving(config: MerlinConfig, step: TaskStep) -> int:
+    """The cheapest tier that takes the step's type (one exists: the config checks it)."""
+    return next(i for i, tier in enumerate(config.tiers) if tier.serves(step.step_type))

@@ -64,7 +64,7 @@ def after_attempts(
         Failure(FailureKind.CAPABILITY, reason),
         attempts=attempts,
         tier_index=tier_index,
-        tier_count=tier_count,
+        next_tier=tier_index + 1 if tier_index + 1 < tier_count else None,
         limits=Limits(fix_attempts=fixes),
     )
 
@@ -209,7 +209,7 @@ def test_transient_call_failures_back_off_then_end_the_attempt() -> None:
     limits = Limits(max_retry_attempts=3, retry_base_delay=0.5)
     failure = Failure(FailureKind.TRANSIENT, "429")
     decisions = [
-        decide(failure, tier_index=1, tier_count=3, limits=limits, call_retries=n) for n in range(4)
+        decide(failure, tier_index=1, next_tier=2, limits=limits, call_retries=n) for n in range(4)
     ]
     assert [d.action for d in decisions] == [Action.RETRY_CALL] * 3 + [Action.END_ATTEMPT]
     assert [d.delay for d in decisions[:3]] == [0.5, 1.0, 2.0]
@@ -218,7 +218,7 @@ def test_transient_call_failures_back_off_then_end_the_attempt() -> None:
 
 def test_capability_call_failures_are_not_retried() -> None:
     failure = Failure(FailureKind.CAPABILITY, "no rule fits")
-    decision = decide(failure, tier_index=0, tier_count=2, limits=Limits(), call_retries=0)
+    decision = decide(failure, tier_index=0, next_tier=1, limits=Limits(), call_retries=0)
     assert decision.action is Action.END_ATTEMPT
 
 
@@ -226,6 +226,6 @@ def test_budget_stops_the_job_whatever_else_holds() -> None:
     failure = Failure(FailureKind.BUDGET, "budget spent")
     for retries in (None, 0):
         decision = decide(
-            failure, tier_index=0, tier_count=3, limits=Limits(), call_retries=retries
+            failure, tier_index=0, next_tier=1, limits=Limits(), call_retries=retries
         )
         assert decision.action is Action.STOP_JOB

@@ -76,3 +76,50 @@ def test_replacing_the_tiers_drops_the_default_routing(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"routing\.complex names unknown tier 'nope'"):
         load_config(config_path=own)
+
+
+def _typed_config() -> MerlinConfig:
+    """A coder tier for coding steps; Debug (reasoning) starts on a stronger tier."""
+    coding = [StepType.FEATURE, StepType.REFACTOR, StepType.TEST, StepType.VERIFY]
+    return MerlinConfig(
+        tiers=[
+            Tier(name="coder", model="openai/coder", step_types=coding),
+            Tier(name="fast", model="openai/fast"),
+            Tier(name="tests-only", model="openai/t", step_types=[StepType.TEST]),
+            Tier(name="premium", model="openai/premium"),
+        ],
+        routing=Routing(complex="tests-only"),
+    )
+
+
+def test_step_type_preferences_move_the_start_up_to_a_tier_that_takes_the_type() -> None:
+    config = _typed_config()
+    debug = TaskStep(id="a", step_type=StepType.DEBUG, description="Fix the typo in the README")
+    feature = TaskStep(id="b", step_type=StepType.FEATURE, description="Add a flag")
+    hard_refactor = TaskStep(id="c", step_type=StepType.REFACTOR, description=ALL_HANDLERS)
+    pinned = TaskStep(id="d", step_type=StepType.DEBUG, description="Fix it", tier="coder")
+    assert start_tier(debug, config) == (1, S)  # coder does not take Debug
+    assert start_tier(feature, config) == (0, S)
+    assert start_tier(hard_refactor, config) == (3, C)  # routed to tests-only: not for Refactor
+    assert start_tier(pinned, config) == (0, S)  # the step's own tier is taken as written
+
+
+def test_escalation_passes_over_tiers_that_do_not_take_the_type() -> None:
+    config = _typed_config()
+    assert config.next_tier(0, StepType.DEBUG) == 1
+    assert config.next_tier(1, StepType.DEBUG) == 3
+    assert config.next_tier(1, StepType.TEST) == 2
+    assert config.next_tier(3, StepType.TEST) is None
+
+
+def test_a_step_type_no_tier_takes_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "merlin.toml").write_text(
+        '[[tiers]]\nname = "coder"\nmodel = "openai/c"\nstep_types = ["Feature"]\n'
+    )
+    with pytest.raises(ConfigError, match="no tier takes step type.*Debug"):
+        load_config(tmp_path)
+    (tmp_path / "merlin.toml").write_text(
+        '[[tiers]]\nname = "coder"\nmodel = "openai/c"\nstep_types = ["Chat"]\n'
+    )
+    with pytest.raises(ConfigError, match=r"tiers\.0\.step_types"):
+        load_config(tmp_path)
