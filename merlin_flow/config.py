@@ -104,6 +104,9 @@ class MerlinConfig(BaseModel):
     """Run exit commands through `/bin/sh -c` instead of splitting them with shlex."""
     budget_usd: float | None = Field(default=None, gt=0)
     """Default budget of a job in USD (`--budget` overrides it); no limit when unset."""
+    response_cache: bool = False
+    """Answer a request identical to an earlier one (same model, messages and tools; all
+    calls are made at temperature 0) from the journal, across jobs, at no cost."""
     limits: Limits = Field(default_factory=Limits)
     """Retry, turn and timeout limits."""
     routing: Routing = Field(default_factory=Routing)

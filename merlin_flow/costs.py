@@ -1,8 +1,9 @@
 """Cost reports from the LLM journal: what ``merlin costs`` prints.
 
 Every figure is summed from ``llm_calls``: a call counts once as made; ``replayed``
-calls (answered from the journal after a crash) and ``failed`` ones (an error instead of
-an answer) are counted apart, and only paid calls carry cost.
+calls (answered from the journal after a crash, or by ``merlin replay``), ``cached``
+ones (answered by the response cache) and ``failed`` ones (an error instead of an
+answer) are counted apart, and only paid calls carry tokens and cost.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 NO_CALLS = {
     "calls": 0,
     "replayed_calls": 0,
+    "cached_calls": 0,
     "failed_calls": 0,
     "prompt_tokens": 0,
     "completion_tokens": 0,
@@ -38,11 +40,12 @@ def parse_since(text: str) -> timedelta:
 
 
 def _sums(*group_by: Any) -> Any:
-    paid = LlmCall.error.is_(None) & LlmCall.replayed.is_(False)
+    paid = LlmCall.error.is_(None) & LlmCall.replayed.is_(False) & LlmCall.cached.is_(False)
     return select(
         *group_by,
         func.count(LlmCall.id).label("calls"),
         func.sum(case((LlmCall.replayed.is_(True), 1), else_=0)).label("replayed_calls"),
+        func.sum(case((LlmCall.cached.is_(True), 1), else_=0)).label("cached_calls"),
         func.sum(case((LlmCall.error.is_not(None), 1), else_=0)).label("failed_calls"),
         func.sum(case((paid, LlmCall.prompt_tokens), else_=0)).label("prompt_tokens"),
         func.sum(case((paid, LlmCall.completion_tokens), else_=0)).label("completion_tokens"),
@@ -54,6 +57,7 @@ def _row(row: Any) -> dict[str, Any]:
     return {
         "calls": int(row.calls or 0),
         "replayed_calls": int(row.replayed_calls or 0),
+        "cached_calls": int(row.cached_calls or 0),
         "failed_calls": int(row.failed_calls or 0),
         "prompt_tokens": int(row.prompt_tokens or 0),
         "completion_tokens": int(row.completion_tokens or 0),

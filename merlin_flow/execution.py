@@ -31,9 +31,17 @@ from merlin_flow.escalation import (
     failure_reason,
     feedback_for,
 )
-from merlin_flow.journal import CallContext, JournalEntry, Replayer, record_call, replayable_calls
+from merlin_flow.journal import (
+    CallContext,
+    JournalEntry,
+    Replayer,
+    ResponseCache,
+    SourceJournal,
+    record_call,
+    replayable_calls,
+)
 from merlin_flow.leases import Heartbeat, claim, queued_values
-from merlin_flow.llm import Completion
+from merlin_flow.llm import Completion, complete
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
 from merlin_flow.tasklist import FINISHED_STEP_STATUSES, StepStatus, StepType
@@ -91,6 +99,8 @@ class _AttemptPlan:
     run: int
     replay: list[JournalEntry]
     budget_usd: float | None
+    source: SourceJournal | None
+    """For a ``merlin replay`` job: the original job's answers to this attempt."""
 
 
 def _load(session: Session, job_id: str, step_key: str) -> tuple[Job | None, Step | None]:
@@ -185,7 +195,12 @@ def _run_attempt(
                 on_call,
                 check_alive,
                 limits=config.limits,
-                call_model=Replayer(plan.replay, before_live=guard.before_call),
+                call_model=Replayer(
+                    plan.replay,
+                    before_live=guard.before_call,
+                    cache=ResponseCache(db) if config.response_cache else None,
+                    live=plan.source or complete,
+                ),
             )
             summary, turns = result.summary, result.turns
         except AgentError as exc:
@@ -318,11 +333,33 @@ def _begin_attempt(
             run=attempt.runs,
             replay=replayable_calls(session, attempt.id),
             budget_usd=job.budget_usd,
+            source=_source_journal(session, job, step, attempt),
         )
         brief = StepBrief(
             step.key, step.step_type, step.description, step.verification, step.exit_command
         )
         return plan, Path(job.repo), brief
+
+
+def _source_journal(
+    session: Session, job: Job, step: Step, attempt: Attempt
+) -> SourceJournal | None:
+    """For a replay job, the original job's answers to the same attempt on the same tier."""
+    if job.replay_of is None:
+        return None
+    where = f"step {step.key}, attempt {attempt.number} on tier {attempt.tier}"
+    original = session.scalars(
+        select(Attempt)
+        .join(Step, Attempt.step_id == Step.id)
+        .where(
+            Step.job_id == job.replay_of,
+            Step.key == step.key,
+            Attempt.number == attempt.number,
+            Attempt.tier == attempt.tier,
+        )
+    ).first()
+    entries = replayable_calls(session, original.id, paid_only=False) if original else []
+    return SourceJournal(entries, where)
 
 
 def verify_step(

@@ -39,14 +39,21 @@ def create_job(
     repo_path: Path,
     config: MerlinConfig,
     budget_usd: float | None = None,
+    *,
+    base_commit: str | None = None,
+    replay_of: str | None = None,
 ) -> str:
-    """Validate and record a job; returns its id. Raises InputError and writes nothing."""
+    """Validate and record a job; returns its id. Raises InputError and writes nothing.
+
+    The job starts from ``base_commit`` (the repository's HEAD when unset). A job with
+    ``replay_of`` takes its model answers from that job's journal (``merlin replay``).
+    """
     tasklist.check_submittable()
     repo = find_repository(repo_path)
     starts = [start_tier(step, config) for step in tasklist.steps]
     commands = [exit_command_for(step, config, repo) for step in tasklist.steps]
     job_id = new_job_id()
-    base = head_commit(repo)
+    base = base_commit or head_commit(repo)
     branch = job_branch(job_id)
     create_branch(repo, branch, base)
     try:
@@ -62,6 +69,7 @@ def create_job(
                 tasklist=tasklist.model_dump(mode="json"),
                 config=config.model_dump(mode="json"),
                 budget_usd=budget_usd if budget_usd is not None else config.budget_usd,
+                replay_of=replay_of,
             )
             session.add(job)
             for position, (step, (start, complexity), command) in enumerate(
@@ -159,6 +167,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "error": job.error,
             "cost_usd": round(float(cost or 0.0), 6),
             "budget_usd": job.budget_usd,
+            "replay_of": job.replay_of,
             "patch": job.patch_path,
             "created_at": _iso(job.created_at),
             "started_at": _iso(job.started_at),

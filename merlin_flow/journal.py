@@ -6,6 +6,13 @@ from its start commit; its conversation then asks the same questions again. The
 ``Replayer`` answers them from the journal (same turn, same request hash, in order) at
 no cost, and goes live at the first request that differs or was never answered. So a
 crash never pays twice for a call.
+
+Two more sources can answer before a paid call:
+
+- the response cache (``response_cache = true``): an identical request (same model,
+  messages and tools; every call is made at temperature 0) answered before, by any job;
+- ``merlin replay``: a replay job's calls are answered by the original job's journal,
+  by position (same step, attempt and turn), and nothing goes live.
 """
 
 from __future__ import annotations
@@ -18,10 +25,16 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import Tier
+from merlin_flow.errors import MerlinError
 from merlin_flow.llm import Completion, complete, request_hash
 from merlin_flow.store import Attempt, Database, LlmCall
 
 ModelCheck = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], None]
+ModelCall = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], Completion]
+
+
+class ReplayDiverged(MerlinError):
+    """A replay asked for a call the original job never made (a capability failure)."""
 
 
 @dataclass(frozen=True)
@@ -46,17 +59,18 @@ class JournalEntry:
     completion_tokens: int
 
 
-def replayable_calls(session: Session, attempt_id: int) -> list[JournalEntry]:
-    """The attempt's paid answers, one per turn from turn 0, as the last run saw them."""
-    rows = session.scalars(
-        select(LlmCall)
-        .where(
-            LlmCall.attempt_id == attempt_id,
-            LlmCall.error.is_(None),
-            LlmCall.replayed.is_(False),
-        )
-        .order_by(LlmCall.seq)
-    ).all()
+def replayable_calls(
+    session: Session, attempt_id: int, *, paid_only: bool = True
+) -> list[JournalEntry]:
+    """The attempt's answers, one per turn from turn 0, as the last run saw them.
+
+    ``paid_only`` leaves out answers that were themselves replays (a crashed attempt's
+    rerun replays only what was paid for; ``merlin replay`` takes every answer).
+    """
+    query = select(LlmCall).where(LlmCall.attempt_id == attempt_id, LlmCall.error.is_(None))
+    if paid_only:
+        query = query.where(LlmCall.replayed.is_(False))
+    rows = session.scalars(query.order_by(LlmCall.seq)).all()
     by_turn = {row.turn: row for row in rows}  # a later run's answer wins
     entries: list[JournalEntry] = []
     while (row := by_turn.get(len(entries))) is not None and row.response is not None:
@@ -72,40 +86,106 @@ def replayable_calls(session: Session, attempt_id: int) -> list[JournalEntry]:
     return entries
 
 
+def _turn(messages: list[dict[str, Any]]) -> int:
+    return sum(1 for m in messages if m.get("role") == "assistant")
+
+
+def _answer(entry: JournalEntry, digest: str, *, cached: bool = False) -> Completion:
+    """A journaled answer, free this time."""
+    return Completion(
+        message=entry.message,
+        prompt_tokens=entry.prompt_tokens,
+        completion_tokens=entry.completion_tokens,
+        cost_usd=0.0,
+        latency_ms=0.0,
+        request_hash=digest,
+        replayed=not cached,
+        cached=cached,
+    )
+
+
+class ResponseCache:
+    """Answers a request from any earlier successful call with the same request hash."""
+
+    def __init__(self, db: Database) -> None:
+        """Look answers up in ``db``'s journal."""
+        self._db = db
+
+    def lookup(self, digest: str) -> JournalEntry | None:
+        """The latest answer to the request ``digest``, or None."""
+        with self._db.reader() as session:
+            row = session.scalars(
+                select(LlmCall)
+                .where(
+                    LlmCall.request_hash == digest,
+                    LlmCall.error.is_(None),
+                    LlmCall.response.is_not(None),
+                )
+                .order_by(LlmCall.id.desc())
+                .limit(1)
+            ).first()
+            if row is None or row.response is None:
+                return None
+            return JournalEntry(
+                row.turn, digest, row.response, row.prompt_tokens, row.completion_tokens
+            )
+
+
+class SourceJournal:
+    """The model of a replay job: the original attempt's answers, turn by turn."""
+
+    def __init__(self, entries: list[JournalEntry], where: str) -> None:
+        """Answer from ``entries`` (the original attempt's, in turn order)."""
+        self._entries = entries
+        self._where = where
+
+    def __call__(
+        self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> Completion:
+        """The original answer at this turn; ReplayDiverged when there was none."""
+        turn = _turn(messages)
+        if turn >= len(self._entries):
+            raise ReplayDiverged(f"the original job made no call at {self._where}, turn {turn}")
+        return _answer(self._entries[turn], request_hash(tier.model, messages, tools))
+
+
 class Replayer:
     """A model call (``agent.ModelCall``) that answers from the journal while it can."""
 
-    def __init__(self, entries: list[JournalEntry], before_live: ModelCheck | None = None) -> None:
-        """Replay ``entries`` (turn order) before going live.
+    def __init__(
+        self,
+        entries: list[JournalEntry],
+        before_live: ModelCheck | None = None,
+        *,
+        cache: ResponseCache | None = None,
+        live: ModelCall = complete,
+    ) -> None:
+        """Replay ``entries`` (turn order), then ask ``cache``, then go ``live``.
 
         ``before_live`` runs before every live call and may raise (the budget check).
         """
         self._entries = entries
         self._live = not entries
         self._before_live = before_live
+        self._cache = cache
+        self._call = live
 
     def __call__(
         self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     ) -> Completion:
         """The journaled answer to this request if it is the next one; else a live call."""
+        digest = request_hash(tier.model, messages, tools)
         if not self._live:
-            turn = sum(1 for m in messages if m.get("role") == "assistant")
-            digest = request_hash(tier.model, messages, tools)
+            turn = _turn(messages)
             entry = self._entries[turn] if turn < len(self._entries) else None
             if entry is not None and entry.turn == turn and entry.request_hash == digest:
-                return Completion(
-                    message=entry.message,
-                    prompt_tokens=entry.prompt_tokens,
-                    completion_tokens=entry.completion_tokens,
-                    cost_usd=0.0,
-                    latency_ms=0.0,
-                    request_hash=digest,
-                    replayed=True,
-                )
+                return _answer(entry, digest)
             self._live = True  # the conversation left the journal: never come back
+        if self._cache is not None and (hit := self._cache.lookup(digest)) is not None:
+            return _answer(hit, digest, cached=True)
         if self._before_live is not None:
             self._before_live(tier, messages, tools)
-        return complete(tier, messages, tools)
+        return self._call(tier, messages, tools)
 
 
 def record_call(
@@ -137,7 +217,8 @@ def record_call(
             call.latency_ms = reply.latency_ms
             call.response = reply.message
             call.replayed = reply.replayed
-            if not reply.replayed:
+            call.cached = reply.cached
+            if not (reply.replayed or reply.cached):
                 session.execute(
                     update(Attempt)
                     .where(Attempt.id == context.attempt_id)

@@ -56,6 +56,8 @@ class Completion:
     raw: dict[str, Any] = field(default_factory=dict)
     replayed: bool = False
     """Answered from the journal: nothing was paid for it this time."""
+    cached: bool = False
+    """Answered by the response cache from another request: nothing was paid for it."""
 
     @property
     def tool_calls(self) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 Precedence: the step's own ``tier:``, then the tier ``[routing]`` names for the step's
 complexity, moved up to the first tier that takes the step's type (``step_types`` on a
-tier; a step's own ``tier:`` is taken as written). Complexity is a cheap heuristic over the step (no model call), scored:
+tier; a step's own ``tier:`` is taken as written). Complexity is a cheap heuristic
+over the step (no model call), scored:
 
 - the step type: Debug, Feature and Refactor start at 1; Verify and Test at 0;
 - size: a description of more than 60 words adds 1, one of 12 words or fewer takes 1 off;
@@ -12,8 +13,8 @@ tier; a step's own ``tier:`` is taken as written). Complexity is a cheap heurist
   small work ("typo", "rename", "docstring", "comment", "format", "readme"...) take 1 off.
 
 Score 0 or less is simple, 1 is medium, 2 or more is complex. Simple steps always start
-on the cheapest tier that takes their type; the escalation path catches the ones the heuristic misjudges, so
-a wrong guess costs a failed cheap attempt, not a failed job.
+on the cheapest tier that takes their type; the escalation path catches the ones the
+heuristic misjudges, so a wrong guess costs a failed cheap attempt, not a failed job.
 """
 
 from __future__ import annotations

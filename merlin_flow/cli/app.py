@@ -91,22 +91,30 @@ def _prepare(
     return settings, db, job_id
 
 
-def _finish(db: Database, job_id: str, as_json: bool, wait: bool = True) -> None:
-    from merlin_flow.cli.render import follow, steps_table
-    from merlin_flow.jobs import events_since, job_view
-
+def _finish(db: Database, job_id: str, as_json: bool) -> None:
+    """Show the job until it ends; exit 1 unless it completed."""
+    view = _follow(db, job_id, as_json)
     if as_json:
-        view = _wait_quietly(db, job_id) if wait else job_view(db, job_id)
         console.print_json(json.dumps(view))
     else:
-        view = follow(
-            console, lambda: job_view(db, job_id), lambda after: events_since(db, job_id, after)
-        )
-        if not console.is_terminal:
-            console.print(steps_table(view))
         _print_outcome(view)
     if view["status"] != "completed":
         raise typer.Exit(1)
+
+
+def _follow(db: Database, job_id: str, quiet: bool) -> dict[str, Any]:
+    """Wait for the job to end, with live progress unless ``quiet``; its final view."""
+    from merlin_flow.cli.render import follow, steps_table
+    from merlin_flow.jobs import events_since, job_view
+
+    if quiet:
+        return _wait_quietly(db, job_id)
+    view = follow(
+        console, lambda: job_view(db, job_id), lambda after: events_since(db, job_id, after)
+    )
+    if not console.is_terminal:
+        console.print(steps_table(view))
+    return view
 
 
 def _wait_quietly(db: Database, job_id: str) -> dict[str, Any]:
@@ -139,13 +147,16 @@ def run(
     """Submit a TaskList and work it in this process, with live progress."""
 
     def work() -> None:
-        settings, db, job_id = _prepare(tasklist, repo, config, budget)
-        _run_embedded(settings, db, job_id, as_json)
+        _settings, db, job_id = _prepare(tasklist, repo, config, budget)
+        _run_embedded(db, job_id, as_json)
 
     _guarded(work)
 
 
-def _run_embedded(settings: Settings, db: Database, job_id: str, as_json: bool) -> None:
+def _run_embedded(
+    db: Database, job_id: str, as_json: bool, until: Callable[[], T] | None = None
+) -> T | None:
+    """Work the job with a worker in this process until ``until`` (default: _finish) returns."""
     from merlin_flow.workflow import enqueue_job
     from workers.app import app as celery_app
     from workers.roles import EmbeddedWorker
@@ -156,7 +167,10 @@ def _run_embedded(settings: Settings, db: Database, job_id: str, as_json: bool) 
         console.print(f"job [bold]{job_id}[/] submitted; working it in this process")
     worker.start()
     try:
-        _finish(db, job_id, as_json)
+        if until is None:
+            _finish(db, job_id, as_json)
+            return None
+        return until()
     finally:
         worker.stop()
 
@@ -302,6 +316,39 @@ def costs(
     _guarded(work)
 
 
+@app.command()
+def replay(
+    job_id: Annotated[str, typer.Argument(help="A finished job to replay.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Re-run a finished job offline from its journal, on a new branch, and compare.
+
+    Exit code 0 when the replay reached the same attempts and trees at every step.
+    """
+
+    def work() -> None:
+        from merlin_flow.cli.render import replay_table
+        from merlin_flow.replay import compare, create_replay
+
+        settings, db = _state()
+        replay_id = create_replay(db, settings, job_id)
+        _run_embedded(db, replay_id, as_json, until=lambda: _follow(db, replay_id, as_json))
+        report = compare(db, replay_id)
+        if as_json:
+            console.print_json(json.dumps(report.to_json()))
+        else:
+            console.print(replay_table(report))
+            verdict = "[green]reproduced[/]" if report.reproduced else "[red]NOT reproduced[/]"
+            console.print(
+                f"replay {replay_id} of {job_id}: {verdict}; "
+                f"{report.identical_requests}/{report.calls} requests identical to the original's"
+            )
+        if not report.reproduced:
+            raise typer.Exit(1)
+
+    _guarded(work)
+
+
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Create or upgrade the schema of MERLIN_DATABASE_URL to the newest revision."""
@@ -339,7 +386,7 @@ def demo() -> None:
         console.print(f"throwaway repository: {demo_repo}")
         job_id = create_job(db, settings, tasklist, demo_repo, config)
         try:
-            _run_embedded(settings, db, job_id, as_json=False)
+            _run_embedded(db, job_id, as_json=False)
         finally:
             _show_diff(db, job_id)
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from merlin_flow.replay import ReplayReport
 
 STATUS_STYLE = {
     "Completed": "green",
@@ -143,13 +146,14 @@ def _events_text(events: list[dict[str, Any]]) -> Text:
     return Text("\n".join(_event_line(e) for e in events), style="dim")
 
 
-COST_COLUMNS = ("calls", "replayed", "failed", "tokens in", "tokens out", "cost")
+COST_COLUMNS = ("calls", "replayed", "cached", "failed", "tokens in", "tokens out", "cost")
 
 
 def _cost_cells(row: dict[str, Any]) -> list[str]:
     return [
         str(row["calls"]),
         str(row["replayed_calls"]),
+        str(row["cached_calls"]),
         str(row["failed_calls"]),
         str(row["prompt_tokens"]),
         str(row["completion_tokens"]),
@@ -207,4 +211,25 @@ def costs_since_table(report: dict[str, Any]) -> Table:
     for row in report["tiers"]:
         table.add_row(row["tier"], *_cost_cells(row))
     table.add_row("total", *_cost_cells(report["total"]), style="bold")
+    return table
+
+
+def replay_table(report: ReplayReport) -> Table:
+    """`merlin replay`: each step's attempts and final commit, original beside replay."""
+    table = Table(
+        title=f"job {report.original} ({report.original_status}) replayed as "
+        f"{report.replay} ({report.replay_status})",
+        title_justify="left",
+    )
+    for column in ("step", "original attempts", "replay attempts", "original", "replay", "tree"):
+        table.add_column(column)
+    for step in report.steps:
+        table.add_row(
+            step.step,
+            step.original_path,
+            step.replay_path,
+            (step.original_commit or "-")[:10],
+            (step.replay_commit or "-")[:10],
+            Text("same ✓", style="green") if step.same_tree else Text("differs ✗", style="red"),
+        )
     return table

@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -61,6 +62,8 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text)
     patch_path: Mapped[str | None] = mapped_column(Text)
     budget_usd: Mapped[float | None] = mapped_column(Float)
+    replay_of: Mapped[str | None] = mapped_column(String(32))
+    """For a job made by ``merlin replay``: the job whose journal answers its calls."""
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
@@ -158,7 +161,7 @@ class LlmCall(Base):
     run: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     tier: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(Text)
-    request_hash: Mapped[str] = mapped_column(String(64))
+    request_hash: Mapped[str] = mapped_column(String(64), index=True)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
@@ -166,6 +169,9 @@ class LlmCall(Base):
     response: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     replayed: Mapped[bool] = mapped_column(Boolean, default=False)
+    """Answered from the journal (a crashed attempt's own calls, or ``merlin replay``)."""
+    cached: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """Answered by the response cache from an identical earlier request."""
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
 
 

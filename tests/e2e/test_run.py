@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,57 @@ def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:
     assert "escalate@premium" in out
     assert "+    return sum(values) / len(values)" in out
     assert "completed" in out
+
+    # `merlin replay` runs the finished demo job again from its journal, offline.
+    (job,) = json.loads(merlin(env, "list", "--json").stdout)
+    result = merlin(env, "replay", job["id"], "--json", timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["reproduced"] is True
+    assert report["original"] == job["id"]
+    assert report["replay"] != job["id"]
+    assert [s["step"] for s in report["steps"]] == ["fix", "guard", "median"]
+    fix = report["steps"][0]
+    assert fix["replay_path"] == "execute@local, fix@local, escalate@premium"
+    assert all(
+        s["same_tree"] and s["replay_commit"] != s["original_commit"] for s in report["steps"]
+    )
+    assert report["calls"] > 0
+    replay = json.loads(merlin(env, "status", report["replay"], "--json").stdout)
+    assert replay["replay_of"] == job["id"]
+    assert replay["branch"] == f"merlin/{report['replay']}"
+    assert replay["cost_usd"] == 0.0
+    costs = json.loads(merlin(env, "costs", report["replay"], "--json").stdout)
+    assert costs["total"]["replayed_calls"] == costs["total"]["calls"] == report["calls"]
+
+    # A journal missing answers cannot reproduce the job: exit code 1, the differing step named.
+    with sqlite3.connect(tmp_path / "home" / "merlin.db") as conn:
+        conn.execute(
+            "DELETE FROM llm_calls WHERE job_id = ? AND step_id = "
+            "(SELECT id FROM steps WHERE job_id = ? AND key = 'median')",
+            (job["id"], job["id"]),
+        )
+    result = merlin(env, "replay", job["id"], timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "NOT reproduced" in result.stdout
+    assert "differs" in result.stdout
+
+
+def test_replay_refuses_unknown_and_unfinished_jobs(tmp_path: Path, py_repo: Path) -> None:
+    env = merlin_env(tmp_path / "home")
+    result = merlin(env, "replay", "nosuchjob")
+    assert result.returncode == 2
+    assert "no job with id 'nosuchjob'" in result.stderr
+    tasklist, config = write_job_files(
+        tmp_path / "job", local=LOCAL_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
+    )
+    submitted = merlin(
+        env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config)
+    )
+    job_id = submitted.stdout.strip()
+    result = merlin(env, "replay", job_id)
+    assert result.returncode == 2
+    assert f"job {job_id} has not finished (status pending)" in result.stderr
 
 
 def test_run_on_postgres(tmp_path: Path, py_repo: Path, postgres_url: str) -> None:

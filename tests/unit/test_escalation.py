@@ -225,7 +225,5 @@ def test_capability_call_failures_are_not_retried() -> None:
 def test_budget_stops_the_job_whatever_else_holds() -> None:
     failure = Failure(FailureKind.BUDGET, "budget spent")
     for retries in (None, 0):
-        decision = decide(
-            failure, tier_index=0, next_tier=1, limits=Limits(), call_retries=retries
-        )
+        decision = decide(failure, tier_index=0, next_tier=1, limits=Limits(), call_retries=retries)
         assert decision.action is Action.STOP_JOB

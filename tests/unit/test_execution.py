@@ -383,3 +383,45 @@ def test_cost_report_of_a_job_with_retries_and_an_escalation(
     assert parse_since("2w") == timedelta(days=14)
     with pytest.raises(Exception, match="use a number and m, h, d or w"):
         parse_since("soon")
+
+
+def test_the_response_cache_answers_identical_requests_across_jobs_for_free(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.costs import job_costs
+    from merlin_flow.store import LlmCall
+
+    script = tmp_path / "script.yaml"
+    script.write_text(SCRIPT)
+    tier = Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=2.0)
+    tasklist = parse_tasklist(
+        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
+    )
+
+    def run(config: MerlinConfig) -> str:
+        job_id = create_job(db, settings, tasklist, py_repo, config)
+        assert execute_step(db, settings, job_id, "s0", f"{job_id}:a") is Outcome.CONTINUE
+        assert verify_step(db, settings, job_id, "s0", f"{job_id}:b") is Outcome.CONTINUE
+        assert finalize_job(db, settings, job_id) == "completed"
+        return job_id
+
+    cached = MerlinConfig(tiers=[tier], response_cache=True)
+    first, second = run(cached), run(cached)
+    uncached = run(MerlinConfig(tiers=[tier]))
+    paid, hits, again = (job_costs(db, j)["total"] for j in (first, second, uncached))
+    assert paid["calls"] == 2
+    assert paid["cached_calls"] == 0
+    assert paid["cost_usd"] > 0
+    assert hits["calls"] == hits["cached_calls"] == 2
+    assert hits["cost_usd"] == 0
+    assert hits["prompt_tokens"] == 0
+    assert again["cached_calls"] == 0
+    assert again["cost_usd"] == paid["cost_usd"]
+    # Same answers, so the same change; cached calls are marked in the journal.
+    tree = [git(py_repo, "rev-parse", f"merlin/{j}^{{tree}}") for j in (first, second)]
+    assert tree[0] == tree[1]
+    with db.reader() as session:
+        marks = session.execute(
+            select(LlmCall.cached, LlmCall.replayed).where(LlmCall.job_id == second)
+        ).all()
+    assert marks == [(True, False), (True, False)]

@@ -116,7 +116,7 @@ def test_a_step_type_no_tier_takes_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "merlin.toml").write_text(
         '[[tiers]]\nname = "coder"\nmodel = "openai/c"\nstep_types = ["Feature"]\n'
     )
-    with pytest.raises(ConfigError, match="no tier takes step type.*Debug"):
+    with pytest.raises(ConfigError, match=r"no tier takes step type.*Debug"):
         load_config(tmp_path)
     (tmp_path / "merlin.toml").write_text(
         '[[tiers]]\nname = "coder"\nmodel = "openai/c"\nstep_types = ["Chat"]\n'

@@ -1,0 +1,154 @@
+"""``merlin replay``: run a finished job again, offline, from its own journal.
+
+The replay is a new job on a new branch, from the original's base commit, with the
+original's TaskList and configuration. Its model calls are answered by the original
+job's journal, turn by turn (``merlin_flow.journal.SourceJournal``), and nothing goes
+live; its tools and exit commands run for real. So the replay shows whether the job's
+outcome follows from its recorded answers: same path of attempts, same trees at every
+step. Commit ids differ (they carry dates and the job id); trees are compared.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from merlin_flow.config import MerlinConfig
+from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.jobs import create_job
+from merlin_flow.settings import Settings
+from merlin_flow.store import Attempt, Database, Job, LlmCall, Step
+from merlin_flow.tasklist import TaskList
+from merlin_flow.workspace import git
+
+
+def create_replay(db: Database, settings: Settings, job_id: str) -> str:
+    """Create the replay job of finished job ``job_id``; returns its id (not enqueued)."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        if job.finished_at is None:
+            raise InputError(
+                f"job {job_id} has not finished (status {job.status}); "
+                "only a finished job can be replayed"
+            )
+        tasklist = TaskList.model_validate(job.tasklist)
+        config = MerlinConfig.model_validate(job.config)
+        repo, base = Path(job.repo), job.base_commit
+    return create_job(db, settings, tasklist, repo, config, base_commit=base, replay_of=job_id)
+
+
+@dataclass(frozen=True)
+class StepComparison:
+    """One step of the original job beside the same step of its replay."""
+
+    step: str
+    original_path: str
+    replay_path: str
+    original_commit: str | None
+    replay_commit: str | None
+    same_tree: bool
+
+    @property
+    def reproduced(self) -> bool:
+        """Same attempts (kind and tier, in order) ending on the same tree."""
+        return self.same_tree and self.original_path == self.replay_path
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """Whether a replay reached what the original job reached."""
+
+    original: str
+    replay: str
+    original_status: str
+    replay_status: str
+    steps: list[StepComparison]
+    calls: int
+    identical_requests: int
+    """Replay requests whose hash equals the original's at the same turn."""
+
+    @property
+    def reproduced(self) -> bool:
+        """Same final status and every step reproduced."""
+        return self.original_status == self.replay_status and all(s.reproduced for s in self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready data, with the verdict."""
+        data = asdict(self)
+        data["reproduced"] = self.reproduced
+        for step, comparison in zip(data["steps"], self.steps, strict=True):
+            step["reproduced"] = comparison.reproduced
+        return data
+
+
+def compare(db: Database, replay_id: str) -> ReplayReport:
+    """Compare replay job ``replay_id`` with the job it replays."""
+    with db.reader() as session:
+        replay = session.get(Job, replay_id)
+        if replay is None or replay.replay_of is None:
+            raise JobNotFoundError(f"no replay job with id {replay_id!r}")
+        original = session.get_one(Job, replay.replay_of)
+        repo = Path(original.repo)
+        replayed = {step.key: step for step in replay.steps}
+        steps = []
+        for step in original.steps:
+            twin = replayed[step.key]
+            old, new = _final_commit(step), _final_commit(twin)
+            steps.append(
+                StepComparison(
+                    step=step.key,
+                    original_path=_path(step),
+                    replay_path=_path(twin),
+                    original_commit=old,
+                    replay_commit=new,
+                    same_tree=_tree(repo, old) == _tree(repo, new),
+                )
+            )
+        calls, identical = _request_agreement(session, original.id, replay.id)
+        return ReplayReport(
+            original=original.id,
+            replay=replay.id,
+            original_status=original.status,
+            replay_status=replay.status,
+            steps=steps,
+            calls=calls,
+            identical_requests=identical,
+        )
+
+
+def _final_commit(step: Step) -> str | None:
+    attempts = list(step.attempts)
+    return attempts[-1].commit if attempts else None
+
+
+def _path(step: Step) -> str:
+    return ", ".join(f"{a.kind}@{a.tier}" for a in step.attempts) or "-"
+
+
+def _tree(repo: Path, commit: str | None) -> str | None:
+    if commit is None:
+        return None
+    return git("rev-parse", f"{commit}^{{tree}}", cwd=repo).strip()
+
+
+def _request_agreement(session: Session, original_id: str, replay_id: str) -> tuple[int, int]:
+    """How many replay calls there were, and how many sent the original's exact request."""
+
+    def hashes(job_id: str) -> dict[tuple[str, int, int], str]:
+        rows = session.execute(
+            select(Step.key, Attempt.number, LlmCall.turn, LlmCall.request_hash)
+            .join(Attempt, LlmCall.attempt_id == Attempt.id)
+            .join(Step, Attempt.step_id == Step.id)
+            .where(LlmCall.job_id == job_id, LlmCall.error.is_(None))
+            .order_by(LlmCall.seq)
+        ).all()
+        return {(key, number, turn): digest for key, number, turn, digest in rows}
+
+    old, new = hashes(original_id), hashes(replay_id)
+    return len(new), sum(1 for key, digest in new.items() if old.get(key) == digest)
