@@ -1,0 +1,288 @@
+"""Benchmark: what a cascade saves. Always premium, always cheapest, merlin's routing.
+
+Run: ``python -m tests.bench.cascade [--jobs 60] [--seed 2026]`` (about 5 minutes).
+
+The workload is ``--jobs`` one-step Debug jobs, a third each easy, medium and hard. Each
+job is its own git repository whose ``answer()`` returns 41; ``python check.py`` passes
+when it returns 42. Harder jobs carry a longer ``app.py`` (20, 150 or 400 lines), which
+the model reads, so they cost more tokens. Every tier of every job is a scripted model
+that reads the file, then writes it back with 42 (it can solve the job) or with a wrong
+number (it cannot, and its fix attempt fails too). Whether a tier can solve a job is
+drawn once per job and tier from ``SUCCESS`` with a seeded RNG, and the same draws serve
+all three strategies (common random numbers), so they differ only in what they do.
+
+Each strategy runs every job through the real engine: ``create_job``, the Celery chain,
+a real ``merlin worker`` process (prefork, 2 processes), real git worktrees and a real
+exit command. Costs are the journal's (``llm_calls.cost_usd``) at ``PRICES``.
+
+- always premium: one tier, premium;
+- always cheapest: one tier, local, no escalation (one fix attempt, like the others);
+- merlin: the three tiers, routed (complex steps start on fast, as in the shipped
+  defaults), fix then escalate on a failed exit command; and the same with
+  ``fix_attempts = 0`` (in this workload a fix never succeeds where its tier failed, so
+  fixes are pure cost: the pessimistic case for merlin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DIFFICULTIES = ("easy", "medium", "hard")
+TIERS = ("local", "fast", "premium")
+SUCCESS = {  # probability that a tier can solve a job, per difficulty
+    "local": {"easy": 0.90, "medium": 0.60, "hard": 0.20},
+    "fast": {"easy": 0.95, "medium": 0.85, "hard": 0.50},
+    "premium": {"easy": 0.98, "medium": 0.95, "hard": 0.85},
+}
+PRICES = {  # USD per million input / output tokens
+    "local": (0.10, 0.30),
+    "fast": (0.15, 0.60),
+    "premium": (3.00, 15.00),
+}
+PADDING_LINES = {"easy": 20, "medium": 150, "hard": 400}
+DESCRIPTIONS = {  # the router classifies these as simple, medium and complex
+    "easy": "Fix the off-by-one in answer().",
+    "medium": (
+        "answer() in app.py returns 41 but its callers expect 42; find the cause and "
+        "make check.py pass"
+    ),
+    "hard": (
+        "answer() returns the wrong value under concurrent load across all callers; "
+        "find the race and fix it without breaking check.py"
+    ),
+}
+STRATEGIES = {  # tiers, [routing], fix attempts per tier
+    "always premium": (["premium"], {}, 1),
+    "always cheapest": (["local"], {}, 1),
+    "merlin, no fix attempts": (list(TIERS), {"complex": "fast"}, 0),
+    "merlin (routing + escalation)": (list(TIERS), {"complex": "fast"}, 1),
+}
+CHECK = "import app\n\nraise SystemExit(0 if app.answer() == 42 else 1)\n"
+
+
+@dataclass(frozen=True)
+class BenchJob:
+    """One job of the workload: its difficulty and which tiers can solve it."""
+
+    index: int
+    difficulty: str
+    solves: dict[str, bool]
+
+
+def workload(jobs: int, seed: int) -> list[BenchJob]:
+    """The seeded workload: difficulties in turn, one draw per job and tier."""
+    rng = random.Random(seed)
+    result = []
+    for index in range(jobs):
+        difficulty = DIFFICULTIES[index % len(DIFFICULTIES)]
+        solves = {tier: rng.random() < SUCCESS[tier][difficulty] for tier in TIERS}
+        result.append(BenchJob(index, difficulty, solves))
+    return result
+
+
+def app_source(difficulty: str, value: int) -> str:
+    """``app.py``: padding the model must read, then ``answer()``."""
+    padding = "".join(
+        f"# {difficulty} context line {n:03d}: the module keeps its history here.\n"
+        for n in range(PADDING_LINES[difficulty])
+    )
+    return f"{padding}\n\ndef answer():\n    return {value}\n"
+
+
+def script(job: BenchJob, tier: str) -> str:
+    """The scripted model of ``tier`` on ``job``: right (42) or wrong (43, then 44)."""
+    import yaml
+
+    def reply_rules(value: int) -> list[dict[str, Any]]:
+        read = {"name": "read_file", "arguments": {"path": "app.py"}}
+        content = app_source(job.difficulty, value)
+        write = {"name": "write_file", "arguments": {"path": "app.py", "content": content}}
+        return [
+            {"turn": 0, "reply": {"tool_calls": [read]}},
+            {"turn": 1, "reply": {"tool_calls": [write]}},
+            {"turn": 2, "reply": {"content": f"answer() returns {value}"}},
+        ]
+
+    if job.solves[tier]:
+        rules = reply_rules(42)
+    else:  # a fix attempt sees "repair them" in its prompt: another wrong number
+        rules = [{"match": "repair them", **rule} for rule in reply_rules(44)] + reply_rules(43)
+    return yaml.safe_dump({"rules": rules}, sort_keys=False)
+
+
+def prepare(work: Path, jobs: list[BenchJob]) -> list[Path]:
+    """One repository and one script per tier for each job."""
+    from tests.conftest import make_repo
+
+    repos = []
+    for job in jobs:
+        folder = work / f"job-{job.index:03d}"
+        repos.append(
+            make_repo(
+                folder / "repo", {"app.py": app_source(job.difficulty, 41), "check.py": CHECK}
+            )
+        )
+        for tier in TIERS:
+            (folder / f"{tier}.yaml").write_text(script(job, tier))
+    return repos
+
+
+def config_for(work: Path, job: BenchJob, strategy: str) -> Any:
+    """The MerlinConfig of ``job`` under ``strategy``."""
+    from merlin_flow.config import Limits, MerlinConfig, Routing, Tier
+
+    names, routing, fixes = STRATEGIES[strategy]
+    folder = work / f"job-{job.index:03d}"
+    tiers = [
+        Tier(
+            name=name,
+            model=f"scripted/{folder / f'{name}.yaml'}",
+            price_in=PRICES[name][0],
+            price_out=PRICES[name][1],
+        )
+        for name in names
+    ]
+    return MerlinConfig(tiers=tiers, routing=Routing(**routing), limits=Limits(fix_attempts=fixes))
+
+
+def run_strategy(
+    strategy: str, work: Path, jobs: list[BenchJob], repos: list[Path]
+) -> dict[str, Any]:
+    """Submit every job under ``strategy``, wait for all of them, and sum the outcome."""
+    from sqlalchemy import func, select
+
+    from merlin_flow.jobs import create_job
+    from merlin_flow.routing import Complexity, classify
+    from merlin_flow.settings import get_settings
+    from merlin_flow.store import Job, LlmCall, open_database
+    from merlin_flow.tasklist import parse_tasklist
+    from merlin_flow.workflow import enqueue_job
+
+    settings = get_settings()
+    db = open_database(settings.database)
+    ids: dict[str, BenchJob] = {}
+    started = time.monotonic()
+    for job, repo in zip(jobs, repos, strict=True):
+        tasklist = parse_tasklist(
+            {
+                "title": f"{job.difficulty} job {job.index}",
+                "steps": [
+                    {
+                        "id": "fix",
+                        "step_type": "Debug",
+                        "description": DESCRIPTIONS[job.difficulty],
+                        "exit_command": "python check.py",
+                    }
+                ],
+            }
+        )
+        expected = {"easy": Complexity.SIMPLE, "medium": Complexity.MEDIUM}
+        assert classify(tasklist.steps[0]) is expected.get(job.difficulty, Complexity.COMPLEX)
+        job_id = create_job(db, settings, tasklist, repo, config_for(work, job, strategy))
+        enqueue_job(db, job_id)
+        ids[job_id] = job
+    while True:
+        with db.reader() as session:
+            left = session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.id.in_(list(ids)), Job.finished_at.is_(None))
+            )
+        if not left:
+            break
+        time.sleep(0.5)
+    elapsed = time.monotonic() - started
+    with db.reader() as session:
+        statuses = dict(
+            session.execute(select(Job.id, Job.status).where(Job.id.in_(list(ids)))).all()
+        )
+        cost = session.scalar(
+            select(func.coalesce(func.sum(LlmCall.cost_usd), 0.0)).where(
+                LlmCall.job_id.in_(list(ids))
+            )
+        )
+        calls = session.scalar(
+            select(func.count()).select_from(LlmCall).where(LlmCall.job_id.in_(list(ids)))
+        )
+    db.dispose()
+    by_difficulty = {
+        d: statistics.mean(
+            statuses[job_id] == "completed" for job_id, job in ids.items() if job.difficulty == d
+        )
+        for d in DIFFICULTIES
+    }
+    successes = sum(status == "completed" for status in statuses.values())
+    return {
+        "strategy": strategy,
+        "jobs": len(ids),
+        "successes": successes,
+        "cost": float(cost or 0.0),
+        "calls": int(calls or 0),
+        "by_difficulty": by_difficulty,
+        "seconds": elapsed,
+    }
+
+
+def main() -> None:
+    """Run the three strategies on one workload and print the Markdown table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=60, help="jobs in the workload (≥ 3)")
+    parser.add_argument("--seed", type=int, default=2026, help="seed of the success draws")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="merlin-cascade-") as tmp:
+        work = Path(tmp)
+        # Before merlin_flow reads its settings: a fresh home with its own database and broker.
+        os.environ["MERLIN_HOME"] = str(work / "home")
+        for name in ("MERLIN_DATABASE_URL", "MERLIN_BROKER_URL"):
+            os.environ.pop(name, None)
+        from tests.e2e.helpers import merlin_env, start_worker, stop_worker, wait_for
+        from workers.app import app as celery_app
+
+        celery_app.set_default()
+        jobs = workload(args.jobs, args.seed)
+        repos = prepare(work, jobs)
+        log = work / "worker.log"
+        worker = start_worker(merlin_env(work / "home"), log, "--concurrency", "2")
+        try:
+            wait_for(lambda: "ready." in log.read_text(errors="replace"), 60, "the worker")
+            rows = [run_strategy(name, work, jobs, repos) for name in STRATEGIES]
+        finally:
+            stop_worker(worker)
+    print_table(rows, args.jobs, args.seed)
+
+
+def print_table(rows: list[dict[str, Any]], jobs: int, seed: int) -> None:
+    """The results as a Markdown table, and merlin against always-premium."""
+    print(f"{jobs} jobs ({jobs // 3} easy, medium, hard each), seed {seed}\n")
+    print(
+        "| strategy | success | easy / medium / hard | total cost | cost per success "
+        "| model calls | wall time |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        per = row["cost"] / row["successes"] if row["successes"] else float("nan")
+        split = " / ".join(f"{row['by_difficulty'][d]:.0%}" for d in DIFFICULTIES)
+        print(
+            f"| {row['strategy']} | {row['successes']}/{row['jobs']} "
+            f"({row['successes'] / row['jobs']:.0%}) | {split} | ${row['cost']:.4f} "
+            f"| ${per:.5f} | {row['calls']} | {row['seconds']:.0f} s |"
+        )
+    premium, merlin = rows[0], rows[-1]
+    print(
+        f"\nmerlin: {merlin['successes']} successes against always-premium's "
+        f"{premium['successes']}, at {merlin['cost'] / premium['cost']:.1%} of its cost"
+    )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
