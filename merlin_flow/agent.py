@@ -80,10 +80,10 @@ def run_agent(
     """Converse with ``tier``'s model until it stops calling tools.
 
     ``on_call(turn, completion, error)`` is told of every model call, retries included
-    (the journal); ``check_alive()`` runs before each call and may raise to stop the
-    attempt. A transiently failing call is retried on the same tier as ``limits`` says
-    (``escalation.decide``). Raises AgentError when the model fails for good or the turn
-    limit is reached, BudgetExceeded when the budget stops the job.
+    (the journal); ``check_alive()`` runs before each call and each tool call, and may
+    raise to stop the attempt. A transiently failing call is retried on the same tier as
+    ``limits`` says (``escalation.decide``). Raises AgentError when the model fails for
+    good or the turn limit is reached, BudgetExceeded when the budget stops the job.
     """
     limits = limits or Limits()
     messages = first_messages(brief, feedback)
@@ -93,6 +93,7 @@ def run_agent(
         if not reply.tool_calls:
             return AgentResult(summary=(reply.message.get("content") or "").strip(), turns=turn + 1)
         for call in reply.tool_calls:
+            check_alive()  # a command boundary: a cancelled job stops here
             function = call.get("function", {})
             output = toolbox.call(function.get("name", ""), function.get("arguments") or "{}")
             messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": output})

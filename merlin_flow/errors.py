@@ -11,8 +11,10 @@ The tree is shallow and split by who must act::
     ├── StoreError               the database cannot be used (schema not upgraded...)
     ├── GitError                 a git command failed unexpectedly
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
-    │   └── AgentError           the agent could not finish (turn limit, model error)
+    │   ├── AgentError           the agent could not finish (turn limit, model error)
+    │   └── ReplayDiverged       a replay asked for a call the original job never made
     ├── BudgetExceeded           control flow: the job's budget is spent; the job stops
+    ├── JobCancelled             control flow: `merlin cancel`; the running step stops
     └── LeaseLost                control flow: another worker owns the step now
 
 User mistakes (``InputError``) are reported and nothing is enqueued. Run failures
@@ -69,9 +71,17 @@ class AgentError(StepFailure):
     """The agent loop ended without finishing: turn limit, model error, no scripted reply."""
 
 
+class ReplayDiverged(StepFailure):
+    """A replay asked for a model call the original job never made."""
+
+
 class BudgetExceeded(MerlinError):
     """The job's budget cannot pay for the next model call; the job stops."""
 
 
 class LeaseLost(MerlinError):
     """Another worker holds the step's lease, so this task must stop."""
+
+
+class JobCancelled(MerlinError):
+    """The job was cancelled: the running step stops at its next turn or command."""

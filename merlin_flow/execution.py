@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from merlin_flow.agent import StepBrief, first_messages, run_agent
 from merlin_flow.budget import BudgetGuard
 from merlin_flow.config import MerlinConfig
-from merlin_flow.errors import AgentError, BudgetExceeded, LeaseLost
+from merlin_flow.errors import AgentError, BudgetExceeded, JobCancelled, LeaseLost
 from merlin_flow.escalation import (
     Action,
     AttemptKind,
@@ -40,7 +40,7 @@ from merlin_flow.journal import (
     record_call,
     replayable_calls,
 )
-from merlin_flow.leases import Heartbeat, claim, queued_values
+from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values
 from merlin_flow.llm import Completion, complete
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
@@ -170,6 +170,8 @@ def _run_attempt(
     def check_alive() -> None:
         if heartbeat.lost:
             raise LeaseLost(f"step {step_key}: lease lost during the attempt")
+        if job_has_ended(db, job_id):
+            raise JobCancelled(f"job {job_id} ended while step {step_key} was running")
 
     plan, repo, brief = _begin_attempt(db, job_id, step_id, token, config)
     tier = config.tiers[plan.tier_index]
@@ -208,6 +210,9 @@ def _run_attempt(
         except BudgetExceeded as exc:
             _stop_for_budget(db, settings, job_id, step_id, plan.attempt_id, token, str(exc))
             return Outcome.STOP
+        except JobCancelled:
+            _abandon(db, settings, job_id, step_id, token)
+            return Outcome.STOP
         check_alive()
         message = f"merlin({step_key}): {brief.description.splitlines()[0][:72]}"
         commit = commit_all(
@@ -237,6 +242,19 @@ def _run_attempt(
             attempt=plan.number,
         )
     return Outcome.CONTINUE
+
+
+def job_has_ended(db: Database, job_id: str) -> bool:
+    """True once the job has a final status (cancelled while its step was running...)."""
+    with db.reader() as session:
+        return session.scalar(select(Job.status).where(Job.id == job_id)) in FINAL_JOB_STATUSES
+
+
+def _abandon(db: Database, settings: Settings, job_id: str, step_id: int, token: str) -> None:
+    """Stop working on a step of a job that has ended: the branch does not move."""
+    with db.session() as session:
+        _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+    finalize_job(db, settings, job_id)
 
 
 def _stop_for_budget(
@@ -400,6 +418,9 @@ def verify_step(
                 passed = status == "passed"
             if heartbeat.lost:
                 raise LeaseLost(f"step {step_key}: lease lost during verification")
+        if job_has_ended(db, job_id):
+            _abandon(db, settings, job_id, step_id, token)
+            return Outcome.STOP
         verdict = _Verdict(job_id, step_id, attempt_id, token, exit_code, output)
         if passed:
             return _pass(db, settings, verdict, repo, branch)
@@ -628,6 +649,10 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             if not done:
                 return job.status  # a stale finalize: steps are still running
             job.status = "completed"
+        elif any(_held_by_a_worker(step) for step in job.steps):
+            return job.status  # ended (cancelled) while a worker runs a step: it will finalize
+        else:
+            _close_unfinished_steps(job)
         patch = settings.jobs_dir / job_id / f"{job_id}.patch"
         patch.parent.mkdir(parents=True, exist_ok=True)
         patch.write_text(diff(Path(job.repo), job.base_commit, job.head_commit))
@@ -637,6 +662,28 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         job.finished_at = job.updated_at = utcnow()
         add_event(session, job_id, "job_finished", f"job {job.status}", patch=str(patch))
         return job.status
+
+
+def _held_by_a_worker(step: Step) -> bool:
+    owner, expires = step.lease_owner, step.lease_expires_at
+    return owner not in (None, QUEUED) and expires is not None and expires > utcnow()
+
+
+def _close_unfinished_steps(job: Job) -> None:
+    """Steps a job left unfinished when it ended (cancelled) are skipped, not run."""
+    now = utcnow()
+    for step in job.steps:
+        if step.status in FINISHED_STEP_STATUSES:
+            continue
+        step.status = StepStatus.SKIPPED
+        step.result = f"skipped: the job ended ({job.status}) before this step finished"
+        step.phase = "done"
+        step.finished_at = now
+        step.lease_owner = step.lease_expires_at = None
+        for attempt in step.attempts:
+            if attempt.status in ("running", "committed"):
+                attempt.status = "cancelled"
+                attempt.finished_at = now
 
 
 def _remove_leftover_worktrees(repo: Path, folder: Path) -> None:

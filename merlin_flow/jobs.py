@@ -148,6 +148,8 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "exit_command": step.exit_command,
                     "error": step.error,
                     "result": step.result,
+                    "started_at": _iso(step.started_at),
+                    "finished_at": _iso(step.finished_at),
                     "deliveries": step.deliveries,
                     "recoveries": step.recoveries,
                     "attempts": [attempt_view(a) for a in step.attempts],

@@ -25,16 +25,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import Tier
-from merlin_flow.errors import MerlinError
+from merlin_flow.errors import ReplayDiverged
 from merlin_flow.llm import Completion, complete, request_hash
 from merlin_flow.store import Attempt, Database, LlmCall
 
 ModelCheck = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], None]
 ModelCall = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], Completion]
-
-
-class ReplayDiverged(MerlinError):
-    """A replay asked for a call the original job never made (a capability failure)."""
 
 
 @dataclass(frozen=True)

@@ -108,3 +108,29 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 def postgres_url() -> Iterator[str]:
     """A fresh, empty Postgres database."""
     yield from _postgres_database()
+
+
+REDIS_URL = os.environ.get("MERLIN_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """An empty Redis database (one of 1-15, flushed); skipped locally, a failure in CI."""
+    import random
+
+    import redis
+
+    url = f"{REDIS_URL.rstrip('/')}/{random.randint(1, 15)}"
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    except redis.ConnectionError as exc:
+        client.close()
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis is required in CI but unreachable at {url}: {exc}")
+        pytest.skip(f"Redis unreachable at {url}: {exc}")
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()

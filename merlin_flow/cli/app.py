@@ -241,6 +241,50 @@ def worker(
 
 
 @app.command()
+def flower(
+    port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 5555,
+    address: Annotated[
+        str, typer.Option("--address", help="Interface to bind (all: 0.0.0.0).")
+    ] = "127.0.0.1",
+    basic_auth: Annotated[
+        str | None,
+        typer.Option(
+            "--basic-auth",
+            envvar="MERLIN_FLOWER_BASIC_AUTH",
+            help="user:password for the UI and the HTTP API (env MERLIN_FLOWER_BASIC_AUTH).",
+        ),
+    ] = None,
+) -> None:
+    """Run Flower on merlin's Celery app (needs the Redis broker).
+
+    Without --basic-auth, Flower's HTTP API stays closed (unless FLOWER_UNAUTHENTICATED_API
+    is set) and the UI binds to 127.0.0.1 only. Flower keeps tasks in memory; job history
+    is merlin's store (`merlin list`, `merlin status`).
+    """
+    from merlin_flow.settings import get_settings
+
+    settings = get_settings()
+    if settings.broker_is_embedded:
+        raise _usage_error(
+            "Flower needs the Redis broker (the embedded broker has no event fanout): "
+            "set MERLIN_BROKER_URL=redis://host:6379/0 for the workers and for Flower"
+        )
+    if basic_auth is not None and ":" not in basic_auth.strip(":"):
+        raise _usage_error("--basic-auth must be user:password")
+    from workers.app import app as celery_app
+
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")
+    celery_app.start(argv)
+
+
+def _usage_error(message: str) -> typer.Exit:
+    err_console.print(f"[red]error:[/] {escape(message)}", highlight=False)
+    return typer.Exit(2)
+
+
+@app.command()
 def status(
     job_id: Annotated[str, typer.Argument(help="The job id.")],
     as_json: JsonOption = False,
@@ -411,3 +455,7 @@ def main() -> None:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+
+
+# Commands on submitted jobs live in their own module; importing it registers them.
+from merlin_flow.cli import operations as _operations  # noqa: E402, F401

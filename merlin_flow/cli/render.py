@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group
@@ -26,6 +27,7 @@ STATUS_STYLE = {
     "pending": "dim",
     "Skipped": "dim",
     "cancelled": "magenta",
+    "budget_exceeded": "magenta",
 }
 ATTEMPT_MARK = {
     "passed": "✓",
@@ -33,6 +35,13 @@ ATTEMPT_MARK = {
     "error": "✗",
     "running": "working…",
     "committed": "verifying…",
+}
+STATUS_ICON = {
+    "Completed": "✓",
+    "Failed": "✗",
+    "InProgress": "⟳",
+    "Pending": "○",
+    "Skipped": "⤼",
 }
 RECENT_EVENTS = 6
 
@@ -71,18 +80,37 @@ def steps_table(view: dict[str, Any]) -> Table:
     table.add_column("type")
     table.add_column("status")
     table.add_column("tier")
+    table.add_column("attempt", justify="right")
+    table.add_column("elapsed", justify="right")
     table.add_column("attempts (kind@tier, exit code)")
     table.add_column("exit command", overflow="fold")
     for step in view["steps"]:
+        icon = STATUS_ICON.get(step["status"], "?")
         table.add_row(
             step["id"],
             step["step_type"],
-            Text(step["status"], style=STATUS_STYLE.get(step["status"], "")),
+            Text(f"{icon} {step['status']}", style=STATUS_STYLE.get(step["status"], "")),
             step["tier"] or "",
+            str(len(step["attempts"])) if step["attempts"] else "-",
+            _elapsed(step.get("started_at"), step.get("finished_at")),
             _attempts_cell(step["attempts"]),
             step["exit_command"],
         )
     return table
+
+
+def _elapsed(started: str | None, finished: str | None) -> str:
+    """``1m05s`` from ISO times (now when not finished); ``-`` before the start."""
+    if not started:
+        return "-"
+    begin = datetime.fromisoformat(started.removesuffix("Z"))
+    end = datetime.fromisoformat(finished.removesuffix("Z")) if finished else _utcnow()
+    seconds = max(0, int((end - begin).total_seconds()))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
 
 
 def jobs_table(jobs: list[dict[str, Any]]) -> Table:

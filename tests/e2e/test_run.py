@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import git
-from tests.e2e.helpers import merlin, merlin_env, write_job_files
+from tests.e2e.conftest import Backend
+from tests.e2e.helpers import merlin, merlin_env, start_worker, stop_worker, write_job_files
 
 pytestmark = pytest.mark.e2e
 
@@ -48,14 +49,21 @@ steps:
 """
 
 
-def test_escalation_execute_fix_escalate(tmp_path: Path, py_repo: Path) -> None:
-    env = merlin_env(tmp_path / "home")
+def test_escalation_execute_fix_escalate(tmp_path: Path, py_repo: Path, backend: Backend) -> None:
+    """`merlin run` on the embedded defaults; a worker process and `submit --wait` on Redis."""
+    env = merlin_env(tmp_path / "home", **backend.env)
     tasklist, config = write_job_files(
         tmp_path / "job", local=LOCAL_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
     )
-    result = merlin(
-        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"
-    )
+    job_args = [str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"]
+    if backend.name == "embedded":
+        result = merlin(env, "run", *job_args)
+    else:
+        worker = start_worker(env, tmp_path / "worker.log", "--concurrency", "2")
+        try:
+            result = merlin(env, "submit", "--wait", *job_args)
+        finally:
+            stop_worker(worker)
     assert result.returncode == 0, result.stderr
     view = json.loads(result.stdout)
     assert view["status"] == "completed"

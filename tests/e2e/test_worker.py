@@ -1,4 +1,5 @@
-"""End to end on the embedded broker: real `merlin worker` processes, real git, real pytest."""
+"""End to end on real `merlin worker` processes, real git, real pytest: on the embedded
+defaults and on Redis + Postgres."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 import pytest
 
 from merlin_flow.jobs import job_view
-from merlin_flow.store import open_database
 from tests.conftest import git
+from tests.e2e.conftest import Backend
 from tests.e2e.helpers import (
     kill_worker,
     merlin,
@@ -44,15 +45,17 @@ def _checkout_state(repo: Path) -> tuple[str, str, str, str]:
     )
 
 
-def test_three_step_job_on_a_worker_process(tmp_path: Path, py_repo: Path) -> None:
+def test_three_step_job_on_a_worker_process(
+    tmp_path: Path, py_repo: Path, backend: Backend
+) -> None:
     home = tmp_path / "home"
-    env = merlin_env(home)
+    env = merlin_env(home, **backend.env)
     tasklist, config = write_job_files(tmp_path / "job")
     before = _checkout_state(py_repo)
     worker = start_worker(env, tmp_path / "worker.log")
     try:
         job_id = _submit(env, tasklist, py_repo, config)
-        db = open_database(f"sqlite:///{home / 'merlin.db'}")
+        db = backend.open(home)
         view = wait_for(
             lambda: (v := job_view(db, job_id))["finished_at"] and v, 120, "the job to finish"
         )
@@ -116,16 +119,18 @@ def _journal(db: Any, job_id: str) -> list[tuple[str, int, int, bool]]:
         return [tuple(row) for row in rows]
 
 
-def test_job_survives_a_worker_killed_mid_step(tmp_path: Path, py_repo: Path) -> None:
+def test_job_survives_a_worker_killed_mid_step(
+    tmp_path: Path, py_repo: Path, backend: Backend
+) -> None:
     home = tmp_path / "home"
-    env = merlin_env(home)
+    env = merlin_env(home, **backend.env)
     tasklist, config = write_job_files(tmp_path / "job", sleep_seconds=4, lease_seconds=2)
     log = tmp_path / "worker.log"
     first = start_worker(env, log)
     second = None
     try:
         job_id = _submit(env, tasklist, py_repo, config)
-        db = open_database(f"sqlite:///{home / 'merlin.db'}")
+        db = backend.open(home)
         # Kill the whole worker (main process and pool) while step "slow" is in its
         # attempt, after its first model call was paid for (its tool is now sleeping).
         wait_for(
@@ -205,10 +210,12 @@ def test_status_of_a_pending_job_without_workers(tmp_path: Path, py_repo: Path) 
     time.sleep(0)  # no worker: nothing else happens
 
 
-def test_two_workers_on_different_queues_and_folders(tmp_path: Path, py_repo: Path) -> None:
+def test_two_workers_on_different_queues_and_folders(
+    tmp_path: Path, py_repo: Path, backend: Backend
+) -> None:
     """The Procfile layout: a threads worker for llm+control, a prefork one for verify."""
     home = tmp_path / "home"
-    env = merlin_env(home)
+    env = merlin_env(home, **backend.env)
     tasklist, config = write_job_files(tmp_path / "job")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

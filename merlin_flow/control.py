@@ -1,0 +1,118 @@
+"""Operating on running jobs: ``merlin cancel`` and ``merlin resume``.
+
+Cancelling marks the job ``cancelled`` in one transaction; pending steps never start.
+A worker running a step sees the status at its next model call or tool call (or after
+its exit command) and stops without moving the job branch; then the job is finalized.
+A job nobody is working on is finalized at once.
+
+Resuming puts a failed, cancelled or budget-stopped job back in motion from its first
+step that did not pass: that step starts afresh from the branch's head, on the tier it
+had reached (or ``--tier``), with its earlier failures as feedback; later steps start as
+they were routed. Completed steps are kept.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import select
+
+from merlin_flow.config import MerlinConfig
+from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.escalation import AttemptKind
+from merlin_flow.execution import (
+    FINAL_JOB_STATUSES,
+    add_event,
+    end_job_in_session,
+    finalize_job,
+)
+from merlin_flow.leases import queued_values
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Job, Step, utcnow
+from merlin_flow.tasklist import StepStatus
+from merlin_flow.workspace import resolve_ref
+
+RESUMABLE = frozenset({"failed", "cancelled", "budget_exceeded"})
+
+
+def cancel_job(db: Database, settings: Settings, job_id: str) -> str:
+    """Cancel ``job_id``; its status afterwards (``cancelled`` once finalized)."""
+    with db.session() as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        if job.status in FINAL_JOB_STATUSES:
+            raise InputError(f"job {job_id} has already ended ({job.status}); nothing to cancel")
+        end_job_in_session(session, job_id, None, "cancelled on request", status="cancelled")
+    finalize_job(db, settings, job_id)  # waits for a worker that holds a step (see there)
+    return "cancelled"
+
+
+def resume_job(
+    db: Database,
+    settings: Settings,
+    job_id: str,
+    tier: str | None = None,
+    budget_usd: float | None = None,
+) -> str:
+    """Reopen a failed or cancelled job from its first unverified step; returns that step.
+
+    The caller enqueues the job (``workflow.enqueue_job``).
+    """
+    if budget_usd is not None and not budget_usd > 0:
+        raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
+    with db.session() as session:
+        job = session.get(Job, job_id, with_for_update=True)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        if job.status not in RESUMABLE or job.finished_at is None:
+            raise InputError(
+                f"job {job_id} is {job.status}; only a failed, cancelled or "
+                "budget_exceeded job that has ended can be resumed"
+            )
+        config = MerlinConfig.model_validate(job.config)
+        tier_index = config.tier_index(tier) if tier is not None else None
+        head = resolve_ref(Path(job.repo), f"refs/heads/{job.branch}")
+        if head != job.head_commit:
+            raise InputError(
+                f"job branch {job.branch} is no longer at {job.head_commit[:10]} (someone "
+                "moved or deleted it); cannot resume on top of it"
+            )
+        steps = session.scalars(
+            select(Step).where(Step.job_id == job_id).order_by(Step.position)
+        ).all()
+        todo = [step for step in steps if step.status != StepStatus.COMPLETED]
+        if not todo:
+            raise InputError(f"job {job_id}: every step already passed; nothing to resume")
+        first = todo[0]
+        for step in todo:
+            failed_before = any(a.status in ("failed", "error") for a in step.attempts)
+            step.status = StepStatus.PENDING
+            step.phase = "attempt"
+            step.next_kind = (AttemptKind.ESCALATE if failed_before else AttemptKind.EXECUTE).value
+            step.error = step.result = None
+            step.finished_at = None
+            step.base_commit = None
+            step.recoveries = 0
+            step.lease_owner = step.lease_expires_at = None
+        if tier_index is not None:
+            first.tier_index = tier_index
+        for key, value in queued_values(settings.handoff_seconds).items():
+            setattr(first, key, value)
+        job.status = "running" if job.started_at else "pending"
+        job.error = None
+        job.finished_at = None
+        job.patch_path = None
+        job.updated_at = utcnow()
+        if budget_usd is not None:
+            job.budget_usd = budget_usd
+        tier_name = config.tiers[first.tier_index].name
+        add_event(
+            session,
+            job_id,
+            "job_resumed",
+            f"job resumed from step {first.key} on tier {tier_name}",
+            first.key,
+            tier=tier_name,
+        )
+        return first.key
