@@ -24,7 +24,14 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
 from merlin_flow.tasklist import StepStatus, TaskList
 from merlin_flow.verify import exit_command_for
-from merlin_flow.workspace import create_branch, find_repository, git, head_commit, job_branch
+from merlin_flow.workspace import (
+    create_branch,
+    diff,
+    find_repository,
+    git,
+    head_commit,
+    job_branch,
+)
 
 
 def new_job_id() -> str:
@@ -223,3 +230,13 @@ def events_since(db: Database, job_id: str, after_id: int = 0) -> list[dict[str,
             }
             for row in rows
         ]
+
+
+def job_diff(db: Database, job_id: str) -> str:
+    """The diff of the job's branch so far: base commit to its last verified step."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        repo, base, head = Path(job.repo), job.base_commit, job.head_commit
+    return diff(repo, base, head)

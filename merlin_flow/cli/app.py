@@ -52,6 +52,13 @@ BudgetOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+JunitOption = Annotated[
+    Path | None,
+    typer.Option("--junit", help="Write JUnit XML here when the job ends: a test case per step."),
+]
+PatchOption = Annotated[
+    Path | None, typer.Option("--patch", help="Write the job's diff here when the job ends.")
+]
 TaskListArg = Annotated[Path, typer.Argument(help="TaskList file (YAML or JSON).")]
 
 
@@ -91,9 +98,22 @@ def _prepare(
     return settings, db, job_id
 
 
-def _finish(db: Database, job_id: str, as_json: bool) -> None:
-    """Show the job until it ends; exit 1 unless it completed."""
+def _finish(
+    db: Database,
+    job_id: str,
+    as_json: bool,
+    junit: Path | None = None,
+    patch: Path | None = None,
+) -> None:
+    """Show the job until it ends, write the CI reports asked for; exit 1 unless completed."""
+    from merlin_flow.jobs import job_diff
+    from merlin_flow.reports import junit_xml, write_atomically
+
     view = _follow(db, job_id, as_json)
+    if junit is not None:
+        write_atomically(junit, junit_xml(view))
+    if patch is not None:
+        write_atomically(patch, job_diff(db, job_id))
     if as_json:
         console.print_json(json.dumps(view))
     else:
@@ -143,12 +163,14 @@ def run(
     config: ConfigOption = None,
     budget: BudgetOption = None,
     as_json: JsonOption = False,
+    junit: JunitOption = None,
+    patch: PatchOption = None,
 ) -> None:
     """Submit a TaskList and work it in this process, with live progress."""
 
     def work() -> None:
         _settings, db, job_id = _prepare(tasklist, repo, config, budget)
-        _run_embedded(db, job_id, as_json)
+        _run_embedded(db, job_id, as_json, until=lambda: _finish(db, job_id, as_json, junit, patch))
 
     _guarded(work)
 
@@ -183,10 +205,19 @@ def submit(
     budget: BudgetOption = None,
     wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends.")] = False,
     as_json: JsonOption = False,
+    junit: JunitOption = None,
+    patch: PatchOption = None,
 ) -> None:
-    """Enqueue a TaskList for the workers (`merlin worker`) and print the job id."""
+    """Enqueue a TaskList for the workers (`merlin worker`) and print the job id.
+
+    For pipelines: `--wait --json` prints the final job as JSON and exits 0 (completed),
+    1 (failed, cancelled, budget exceeded) or 2 (bad input); `--junit` and `--patch`
+    write reports when the job ends.
+    """
 
     def work() -> None:
+        if (junit or patch) and not wait:
+            raise InputError("--junit and --patch are written when the job ends: add --wait")
         _settings, db, job_id = _prepare(tasklist, repo, config, budget)
         from merlin_flow.workflow import enqueue_job
         from workers.app import app as celery_app
@@ -199,7 +230,7 @@ def submit(
         else:
             console.print(job_id)
         if wait:
-            _finish(db, job_id, as_json)
+            _finish(db, job_id, as_json, junit, patch)
 
     _guarded(work)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -56,6 +57,7 @@ def test_escalation_execute_fix_escalate(tmp_path: Path, py_repo: Path, backend:
         tmp_path / "job", local=LOCAL_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
     )
     job_args = [str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"]
+    job_args += ["--junit", str(tmp_path / "merlin.xml"), "--patch", str(tmp_path / "merlin.patch")]
     if backend.name == "embedded":
         result = merlin(env, "run", *job_args)
     else:
@@ -67,6 +69,10 @@ def test_escalation_execute_fix_escalate(tmp_path: Path, py_repo: Path, backend:
     assert result.returncode == 0, result.stderr
     view = json.loads(result.stdout)
     assert view["status"] == "completed"
+    assert "+    return 42" in (tmp_path / "merlin.patch").read_text()
+    suite = ElementTree.parse(tmp_path / "merlin.xml").getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures")) == ("1", "0")
     (step,) = view["steps"]
     assert step["tier"] == "premium"
     assert [(a["kind"], a["tier"], a["status"]) for a in step["attempts"]] == [
@@ -89,13 +95,27 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     tasklist, config = write_job_files(
         tmp_path / "job", local=LOCAL_WRONG, premium="rules: []\n", tasklist=ONE_STEP
     )
+    junit, patch = tmp_path / "out" / "merlin.xml", tmp_path / "out" / "merlin.patch"
     result = merlin(
-        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"
-    )
+        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json",
+        "--junit", str(junit), "--patch", str(patch),
+    )  # fmt: skip
     assert result.returncode == 1, result.stderr
     view = json.loads(result.stdout)
     assert view["status"] == "failed"
     assert "step fix failed on every tier" in view["error"]
+    # CI reports: the failed step is a failed test case; nothing verified, so no diff.
+    suite = ElementTree.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("1", "1", "0")
+    case = suite.find("testcase")
+    assert case is not None
+    assert case.get("name") == "fix (Debug)"
+    failure = case.find("failure")
+    assert failure is not None
+    assert "failed on every tier" in (failure.get("message") or "")
+    assert "attempt 3: escalate@premium -> error" in (failure.text or "")
+    assert patch.read_text() == ""
     attempts = view["steps"][0]["attempts"]
     assert [(a["kind"], a["tier"], a["status"]) for a in attempts] == [
         ("execute", "local", "failed"),

@@ -203,6 +203,12 @@ def test_valid_submit_is_detected_by_the_same_checks(
         (["costs", "--since", "soon"], "use a number and m, h, d or w"),
         (["costs", "nosuchjob"], "no job with id 'nosuchjob'"),
         (["run", "x.yaml", "--budget", "0"], "--budget must be more than 0"),
+        (["submit", "x.yaml", "--junit", "j.xml"], "--junit and --patch are written when"),
+        (["submit", "x.yaml", "--patch", "p.diff"], "add --wait"),
+        (["cancel", "nosuchjob"], "no job with id 'nosuchjob'"),
+        (["resume", "nosuchjob"], "no job with id 'nosuchjob'"),
+        (["replay", "nosuchjob"], "no job with id 'nosuchjob'"),
+        (["resume", "x", "--budget", "-1"], "--budget must be more than 0"),
     ],
 )
 def test_costs_and_budget_bad_input(merlin_home: Path, args: list[str], message: str) -> None:

@@ -1,0 +1,83 @@
+"""Files for CI pipelines from a finished job: JUnit XML (one test case per step) and the patch.
+
+Both are written atomically (a temporary file renamed into place), so a pipeline never
+reads half a report.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+
+def junit_xml(view: dict[str, Any]) -> str:
+    """The job (``jobs.job_view``) as a JUnit XML document: a test case per step."""
+    steps = view["steps"]
+    failures = sum(1 for s in steps if s["status"] == "Failed")
+    skipped = sum(1 for s in steps if s["status"] in ("Skipped", "Pending", "InProgress"))
+    suites = ET.Element("testsuites")
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=f"merlin job {view['id']}: {view['title']}",
+        tests=str(len(steps)),
+        failures=str(failures),
+        errors="0",
+        skipped=str(skipped),
+        time=f"{_seconds(view['started_at'], view['finished_at']):.3f}",
+    )
+    properties = ET.SubElement(suite, "properties")
+    for name in ("id", "status", "branch", "base_commit", "head_commit", "cost_usd"):
+        ET.SubElement(properties, "property", name=f"merlin.{name}", value=str(view[name]))
+    for step in steps:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"merlin.{view['id']}",
+            name=f"{step['id']} ({step['step_type']})",
+            time=f"{_seconds(step.get('started_at'), step.get('finished_at')):.3f}",
+        )
+        attempts = "\n".join(
+            f"attempt {a['number']}: {a['kind']}@{a['tier']} -> {a['status']}"
+            + (f" (exit code {a['exit_code']})" if a["exit_code"] is not None else "")
+            for a in step["attempts"]
+        )
+        if step["status"] == "Failed":
+            failure = ET.SubElement(case, "failure", message=(step["error"] or "failed")[:500])
+            last = step["attempts"][-1] if step["attempts"] else None
+            tail = (last or {}).get("output_tail") or ""
+            failure.text = f"{attempts}\n\n{tail}".strip()
+        elif step["status"] != "Completed":
+            ET.SubElement(case, "skipped", message=step["result"] or "not run")
+        else:
+            ET.SubElement(
+                case, "system-out"
+            ).text = f"{attempts}\nexit command: {step['exit_command']}"
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    path = path.expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _seconds(started: str | None, finished: str | None) -> float:
+    if not started or not finished:
+        return 0.0
+    begin = datetime.fromisoformat(started.removesuffix("Z"))
+    end = datetime.fromisoformat(finished.removesuffix("Z"))
+    return max(0.0, (end - begin).total_seconds())
