@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from celery import chain, shared_task
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 STEP_TASK = "merlin.step"
 VERIFY_TASK = "merlin.verify"
 FINALIZE_TASK = "merlin.finalize"
-QUEUES = {STEP_TASK: "llm", VERIFY_TASK: "verify", FINALIZE_TASK: "control"}
+NOOP_TASK = "merlin.noop"
+QUEUES = {STEP_TASK: "llm", VERIFY_TASK: "verify", FINALIZE_TASK: "control", NOOP_TASK: "control"}
 ALL_QUEUES = ("control", "llm", "verify")
 
 _runtime: dict[str, Any] = {}
@@ -100,6 +102,27 @@ def finalize_task(job_id: str) -> str | None:
     """Close the job: final status and patch file."""
     db, settings = runtime()
     return finalize_job(db, settings, job_id)
+
+
+@shared_task(name=NOOP_TASK)
+def noop_task(marker: str | None = None) -> None:
+    """Do nothing (a baseline for the overhead benchmark); touch ``marker`` if given."""
+    if marker is not None:
+        with open(marker, "w", encoding="utf-8") as handle:
+            handle.write(f"{time.time():.6f}")
+
+
+def noop_chain(length: int, marker: str) -> Any:
+    """A bare chain of ``length`` no-op tasks, the baseline a job is measured against.
+
+    They alternate the llm and verify queues like a job's step and verify tasks; the
+    last one touches ``marker``.
+    """
+    signatures = [
+        noop_task.si().set(queue=("llm", "verify")[index % 2]) for index in range(length - 1)
+    ]
+    signatures.append(noop_task.si(marker).set(queue="control"))
+    return chain(*signatures)
 
 
 def step_signature(job_id: str, step_key: str) -> Any:
