@@ -76,6 +76,7 @@ def run_agent(
     limits: Limits | None = None,
     call_model: ModelCall = complete,
     sleep: Callable[[float], None] = time.sleep,
+    transcript: list[dict[str, Any]] | None = None,
 ) -> AgentResult:
     """Converse with ``tier``'s model until it stops calling tools.
 
@@ -86,7 +87,8 @@ def run_agent(
     good or the turn limit is reached, BudgetExceeded when the budget stops the job.
     """
     limits = limits or Limits()
-    messages = first_messages(brief, feedback)
+    messages = transcript if transcript is not None else []
+    messages[:] = first_messages(brief, feedback)
     for turn in range(max_turns):
         reply = _call(tier, messages, turn, limits, on_call, check_alive, call_model, sleep)
         messages.append(reply.message)

@@ -61,6 +61,8 @@ from merlin_flow.workspace import (
 
 log = logging.getLogger(__name__)
 
+TRANSCRIPT_CHARS = 8000
+"""Longest message text kept in an attempt's transcript."""
 FINAL_JOB_STATUSES = frozenset({"completed", "failed", "cancelled", "budget_exceeded"})
 
 
@@ -187,6 +189,7 @@ def _run_attempt(
             record_call(db, context, next(seqs), turn, reply, error)
 
         summary, error, turns = "", None, 0
+        transcript: list[dict[str, Any]] = []
         try:
             result = run_agent(
                 tier,
@@ -203,6 +206,7 @@ def _run_attempt(
                     cache=ResponseCache(db) if config.response_cache else None,
                     live=plan.source or complete,
                 ),
+                transcript=transcript,
             )
             summary, turns = result.summary, result.turns
         except AgentError as exc:
@@ -226,6 +230,7 @@ def _run_attempt(
         attempt = session.get_one(Attempt, plan.attempt_id)
         attempt.commit = commit
         attempt.summary = summary[:4000]
+        attempt.transcript = _for_the_record(transcript)
         attempt.turns = turns
         attempt.status = "error" if error else "committed"
         attempt.error = error
@@ -242,6 +247,19 @@ def _run_attempt(
             attempt=plan.number,
         )
     return Outcome.CONTINUE
+
+
+def _for_the_record(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation without the system prompt, long texts cut for the database."""
+    kept = []
+    for message in messages:
+        if message.get("role") == "system":
+            continue
+        content = message.get("content")
+        if isinstance(content, str) and len(content) > TRANSCRIPT_CHARS:
+            message = {**message, "content": content[:TRANSCRIPT_CHARS] + "\n[... cut]"}
+        kept.append(message)
+    return kept
 
 
 def job_has_ended(db: Database, job_id: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from merlin_flow.config import MerlinConfig
-from merlin_flow.errors import JobNotFoundError
+from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.execution import add_event
 from merlin_flow.leases import queued_values
 from merlin_flow.routing import start_tier
@@ -240,3 +240,25 @@ def job_diff(db: Database, job_id: str) -> str:
             raise JobNotFoundError(f"no job with id {job_id!r}")
         repo, base, head = Path(job.repo), job.base_commit, job.head_commit
     return diff(repo, base, head)
+
+
+def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[dict[str, Any]]:
+    """Every attempt of the job (or of one step), with its transcript and command output."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        steps = [s for s in job.steps if step_key is None or s.key == step_key]
+        if not steps:
+            known = ", ".join(s.key for s in job.steps)
+            raise InputError(f"job {job_id} has no step {step_key!r}; its steps: {known}")
+        return [
+            {
+                "step": step.key,
+                "exit_command": step.exit_command,
+                **attempt_view(attempt),
+                "transcript": attempt.transcript or [],
+            }
+            for step in steps
+            for attempt in step.attempts
+        ]

@@ -43,6 +43,30 @@ def litellm_module() -> Any:
     return _litellm
 
 
+# litellm imports its MCP handler (about 1.4 s) inside the first completion with tools.
+# Measured with cProfile on a worker's first step (tests/bench/overhead.py's job).
+LAZY_IMPORTS = (
+    "litellm.responses.mcp.chat_completions_handler",
+    "litellm.responses.mcp.litellm_proxy_mcp_handler",
+)
+
+
+def preload() -> None:
+    """Import litellm and what it imports lazily, so that no first call pays for it.
+
+    Workers call this before forking their pool. A module litellm has moved is skipped.
+    """
+    import importlib
+
+    litellm = litellm_module()
+    for name in LAZY_IMPORTS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+    getattr(litellm, "encoding", None)  # its default tokenizer loads on first use (0.3 s)
+
+
 @dataclass
 class Completion:
     """A model's reply in OpenAI message form, with what it cost."""

@@ -30,9 +30,14 @@ def create_app(settings: Settings | None = None) -> Celery:
         sqla_transport.Transport.polling_interval = settings.broker_poll_interval
         settings.home_dir.mkdir(parents=True, exist_ok=True)
     app = Celery("merlin_flow", broker=settings.broker, include=["merlin_flow.workflow"])
-    transport_options = {}
+    transport_options: dict[str, object] = {}
     if settings.broker.startswith(("redis://", "rediss://")):
-        transport_options = {"visibility_timeout": REDIS_VISIBILITY_TIMEOUT}
+        transport_options = {
+            "visibility_timeout": REDIS_VISIBILITY_TIMEOUT,
+            # Find a dead connection (a Redis restart, a dropped NAT entry) within 25 s.
+            "health_check_interval": 25,
+            "socket_keepalive": True,
+        }
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -45,6 +50,16 @@ def create_app(settings: Settings | None = None) -> Celery:
         task_routes={name: {"queue": queue} for name, queue in QUEUES.items()},
         task_create_missing_queues=True,
         broker_connection_retry_on_startup=True,
+        # A lost broker connection is retried with backoff, forever in a worker; a publish
+        # (submit, a chain hop) is retried with backoff before it fails.
+        broker_connection_max_retries=None,
+        task_publish_retry=True,
+        task_publish_retry_policy={
+            "max_retries": 6,
+            "interval_start": 0.2,
+            "interval_step": 0.5,
+            "interval_max": 3.0,
+        },
         broker_transport_options=transport_options,
         worker_cancel_long_running_tasks_on_connection_loss=True,
         worker_hijack_root_logger=False,

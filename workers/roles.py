@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
-from merlin_flow.llm import litellm_module
+from merlin_flow.llm import preload
 from merlin_flow.workflow import ALL_QUEUES, runtime
 from workers.sweeper import Sweeper
 
@@ -27,7 +27,7 @@ _sweepers: list[Sweeper] = []
 @worker_init.connect
 def _preload(**_: Any) -> None:
     # Import litellm (seconds) once in the parent, before the pool forks.
-    litellm_module()
+    preload()
 
 
 @worker_ready.connect
@@ -57,7 +57,7 @@ class EmbeddedWorker:
 
     def start(self) -> None:
         """Start consuming, and the recovery sweeper."""
-        litellm_module()
+        preload()
         hostname = f"embedded-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
         self._worker = self.app.WorkController(
             app=self.app,

@@ -90,3 +90,28 @@ def resume(
             _finish(db, job_id, as_json)
 
     _guarded(work)
+
+
+@app.command()
+def logs(
+    job_id: JobArg,
+    step: Annotated[str | None, typer.Option("--step", help="Only this step (its id).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The agent transcript and exit command output of every attempt of a job."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import attempt_log
+        from merlin_flow.jobs import job_logs
+
+        _, db = _state()
+        entries = job_logs(db, job_id, step)
+        if as_json:
+            console.print_json(json.dumps(entries))
+            return
+        if not entries:
+            console.print(f"job {job_id}: no attempt has started yet")
+        for entry in entries:
+            console.print(attempt_log(entry))
+
+    _guarded(work)

@@ -44,6 +44,8 @@ STATUS_ICON = {
     "Skipped": "⤼",
 }
 RECENT_EVENTS = 6
+LOG_TOOL_LINES = 20
+ATTEMPT_STYLE = {"passed": "green", "failed": "red", "error": "red", "cancelled": "magenta"}
 
 
 def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
@@ -261,3 +263,41 @@ def replay_table(report: ReplayReport) -> Table:
             Text("same ✓", style="green") if step.same_tree else Text("differs ✗", style="red"),
         )
     return table
+
+
+def attempt_log(entry: dict[str, Any]) -> Group:
+    """`merlin logs`: one attempt's conversation, then its exit command's output."""
+    code = "" if entry["exit_code"] is None else f", exit code {entry['exit_code']}"
+    header = Text(
+        f"── step {entry['step']} · attempt {entry['number']} · {entry['kind']}@{entry['tier']}"
+        f" · {entry['status']}{code}",
+        style=f"bold {ATTEMPT_STYLE.get(entry['status'], '')}".strip(),
+    )
+    parts: list[Any] = [header]
+    for message in entry["transcript"]:
+        role = message.get("role")
+        content = (message.get("content") or "").rstrip()
+        if role == "user":
+            parts.append(Text(f"user: {content}", style="cyan"))
+        elif role == "assistant":
+            if content:
+                parts.append(Text(f"assistant: {content}"))
+            for call in message.get("tool_calls") or []:
+                function = call.get("function", {})
+                arguments = str(function.get("arguments", ""))
+                parts.append(Text(f"→ {function.get('name')} {arguments[:300]}", style="yellow"))
+        elif role == "tool":
+            parts.append(Text(f"← {_clip(content, LOG_TOOL_LINES)}", style="dim"))
+    if entry["error"]:
+        parts.append(Text(f"error: {entry['error']}", style="red"))
+    if entry["exit_code"] is not None:
+        parts.append(Text(f"$ {entry['exit_command']}  (exit code {entry['exit_code']})"))
+        parts.append(Text((entry["output_tail"] or "").rstrip(), style="dim"))
+    return Group(*parts)
+
+
+def _clip(text: str, lines: int) -> str:
+    kept = text.splitlines()
+    if len(kept) <= lines:
+        return text
+    return "\n".join([*kept[:lines], f"[... {len(kept) - lines} more lines]"])

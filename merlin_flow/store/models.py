@@ -134,6 +134,8 @@ class Attempt(Base):
     error: Mapped[str | None] = mapped_column(Text)
     feedback: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[str | None] = mapped_column(Text)
+    transcript: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    """The attempt's conversation (user, assistant and tool messages) for `merlin logs`."""
     turns: Mapped[int] = mapped_column(Integer, default=0)
     runs: Mapped[int] = mapped_column(Integer, default=0)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -89,6 +89,24 @@ def test_escalation_execute_fix_escalate(tmp_path: Path, py_repo: Path, backend:
     # A premium call was paid for; the local tier here is priced too.
     assert view["cost_usd"] > 0
 
+    # `merlin logs`: each attempt's conversation and its exit command's output.
+    logs = merlin(env, "logs", view["id"], "--step", "fix")
+    assert logs.returncode == 0, logs.stderr
+    text = logs.stdout
+    assert "step fix · attempt 1 · execute@local · failed, exit code 1" in text
+    assert "step fix · attempt 3 · escalate@premium · passed, exit code 0" in text
+    assert '→ edit_file {"path": "app.py", "old": "return 41", "new": "return 40"}' in text
+    assert "← edited app.py" in text
+    assert "$ python -m pytest -q  (exit code 1)" in text
+    entries = json.loads(merlin(env, "logs", view["id"], "--json").stdout)
+    assert [e["number"] for e in entries] == [1, 2, 3]
+    assert entries[2]["transcript"][0]["role"] == "user"
+    assert "solve the step afresh" in entries[2]["transcript"][0]["content"]
+    assert entries[0]["output_tail"]  # the failing pytest output
+    unknown = merlin(env, "logs", view["id"], "--step", "nosuch")
+    assert unknown.returncode == 2
+    assert "has no step 'nosuch'; its steps: fix" in unknown.stderr
+
 
 def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_repo: Path) -> None:
     env = merlin_env(tmp_path / "home")
