@@ -29,7 +29,7 @@ from merlin_flow.execution import (
 from merlin_flow.leases import queued_values
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, Step, utcnow
-from merlin_flow.tasklist import StepStatus
+from merlin_flow.tasklist import StepStatus, StepType
 from merlin_flow.workspace import resolve_ref
 
 RESUMABLE = frozenset({"failed", "cancelled", "budget_exceeded"})
@@ -43,6 +43,8 @@ def cancel_job(db: Database, settings: Settings, job_id: str) -> str:
             raise JobNotFoundError(f"no job with id {job_id!r}")
         if job.status in FINAL_JOB_STATUSES:
             raise InputError(f"job {job_id} has already ended ({job.status}); nothing to cancel")
+        if all(step.status == StepStatus.COMPLETED for step in job.steps):
+            raise InputError(f"job {job_id}: every step has passed; it is being finalized")
         end_job_in_session(session, job_id, None, "cancelled on request", status="cancelled")
     finalize_job(db, settings, job_id)  # waits for a worker that holds a step (see there)
     return "cancelled"
@@ -70,6 +72,11 @@ def resume_job(
                 f"job {job_id} is {job.status}; only a failed, cancelled or "
                 "budget_exceeded job that has ended can be resumed"
             )
+        if job.status == "budget_exceeded" and budget_usd is None:
+            raise InputError(
+                f"job {job_id} ran out of its budget (${job.budget_usd or 0:.4f}); "
+                "resume it with a larger --budget"
+            )
         config = MerlinConfig.model_validate(job.config)
         tier_index = config.tier_index(tier) if tier is not None else None
         head = resolve_ref(Path(job.repo), f"refs/heads/{job.branch}")
@@ -85,7 +92,16 @@ def resume_job(
         if not todo:
             raise InputError(f"job {job_id}: every step already passed; nothing to resume")
         first = todo[0]
+        if tier_index is not None and not config.tiers[tier_index].serves(
+            StepType(first.step_type)
+        ):
+            raise InputError(f"tier {tier!r} does not take {first.step_type} steps (step_types)")
+        now = utcnow()
         for step in todo:
+            for attempt in step.attempts:  # left running by a lost worker or a cancel
+                if attempt.status in ("running", "committed"):
+                    attempt.status = "cancelled"
+                    attempt.finished_at = now
             failed_before = any(a.status in ("failed", "error") for a in step.attempts)
             step.status = StepStatus.PENDING
             step.phase = "attempt"

@@ -202,13 +202,15 @@ def _run_attempt(
                 limits=config.limits,
                 call_model=Replayer(
                     plan.replay,
-                    before_live=guard.before_call,
-                    cache=ResponseCache(db) if config.response_cache else None,
+                    before_live=None if plan.source else guard.before_call,  # replays are free
+                    # A replay answers from its original only, never from the cache.
+                    cache=ResponseCache(db) if config.response_cache and not plan.source else None,
                     live=plan.source or complete,
                 ),
                 transcript=transcript,
             )
             summary, turns = result.summary, result.turns
+            check_alive()
         except AgentError as exc:
             error = str(exc)
         except BudgetExceeded as exc:
@@ -217,7 +219,6 @@ def _run_attempt(
         except JobCancelled:
             _abandon(db, settings, job_id, step_id, token)
             return Outcome.STOP
-        check_alive()
         message = f"merlin({step_key}): {brief.description.splitlines()[0][:72]}"
         commit = commit_all(
             worktree, f"{message}\n\nJob {job_id}, attempt {plan.number}.", excludes
@@ -225,7 +226,13 @@ def _run_attempt(
     finally:
         remove_worktree(repo, worktree)
     with db.session() as session:
-        _settle(session, step_id, token, phase="verify", **queued_values(settings.handoff_seconds))
+        ended = _lock_job(session, job_id).status in FINAL_JOB_STATUSES
+        if ended:  # cancelled meanwhile: keep the attempt for the record, verify nothing
+            _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+        else:
+            _settle(
+                session, step_id, token, phase="verify", **queued_values(settings.handoff_seconds)
+            )
         set_ref(repo, attempt_ref(job_id, step_key, plan.number), commit)
         attempt = session.get_one(Attempt, plan.attempt_id)
         attempt.commit = commit
@@ -234,7 +241,9 @@ def _run_attempt(
         attempt.turns = turns
         attempt.status = "error" if error else "committed"
         attempt.error = error
-        if error:
+        if ended:
+            attempt.status = "cancelled"
+        if error or ended:
             attempt.finished_at = utcnow()
         outcome = f"failed: {error}" if error else f"committed {commit[:10]}"
         event = "attempt_error" if error else "attempt_committed"
@@ -246,7 +255,19 @@ def _run_attempt(
             step_key,
             attempt=plan.number,
         )
+    if ended:
+        finalize_job(db, settings, job_id)
+        return Outcome.STOP
     return Outcome.CONTINUE
+
+
+def _lock_job(session: Session, job_id: str) -> Job:
+    """The job's row, locked for this transaction (on Postgres; SQLite serializes writers).
+
+    Taken before any step row, as ``cancel_job`` does, so that two transactions never
+    wait on each other in opposite orders.
+    """
+    return session.get_one(Job, job_id, with_for_update=True)
 
 
 def _for_the_record(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -468,14 +489,17 @@ class _Verdict:
 def _pass(db: Database, settings: Settings, verdict: _Verdict, repo: Path, branch: str) -> Outcome:
     job_id, step_id, token = verdict.job_id, verdict.step_id, verdict.token
     with db.session() as session:
-        job = session.get_one(Job, job_id)
+        job = _lock_job(session, job_id)
         attempt = session.get_one(Attempt, verdict.attempt_id)
         commit = attempt.commit or attempt.start_commit
         _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+        step = session.get_one(Step, step_id)
+        if job.status in FINAL_JOB_STATUSES:  # cancelled meanwhile: the branch stays
+            verdict.record_on(attempt)
+            attempt.status = "cancelled"
         # The branch moves inside the transaction: if the database write then fails, the
         # lease expires, verify runs again and finds the branch already at `commit`.
-        step = session.get_one(Step, step_id)
-        if not advance_branch(repo, branch, commit, job.head_commit) and (
+        elif not advance_branch(repo, branch, commit, job.head_commit) and (
             resolve_ref(repo, f"refs/heads/{branch}") != commit
         ):
             reason = (
@@ -529,54 +553,74 @@ def _complete(
 def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinConfig) -> Outcome:
     job_id, step_id, token = verdict.job_id, verdict.step_id, verdict.token
     with db.session() as session:
+        ended = _lock_job(session, job_id).status in FINAL_JOB_STATUSES
         step = session.get_one(Step, step_id)
         attempt = session.get_one(Attempt, verdict.attempt_id)
         verdict.record_on(attempt)
         if attempt.status != "error":
             attempt.status = "failed"
         session.flush()
-        nxt = decide(
-            Failure(FailureKind.CAPABILITY, failure_reason(attempt)),
-            attempts=list(step.attempts),
-            tier_index=step.tier_index,
-            next_tier=config.next_tier(step.tier_index, StepType(step.step_type)),
-            limits=config.limits,
-        )
-        over_budget = _escalation_over_budget(db, session, job_id, step, nxt, config)
-        if over_budget is not None:
+        if ended:  # cancelled meanwhile: no fix, no escalation
             _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
-            end_job_in_session(session, job_id, step, over_budget, status="budget_exceeded")
-        elif nxt.action in (Action.FIX, Action.ESCALATE):
-            from_tier = config.tiers[step.tier_index].name
-            to_tier = config.tiers[nxt.tier_index].name
-            _settle(
-                session,
-                step_id,
-                token,
-                phase="attempt",
-                next_kind=nxt.attempt_kind.value,
-                tier_index=nxt.tier_index,
-                **queued_values(settings.handoff_seconds),
-            )
-            kind = "escalated" if nxt.action is Action.ESCALATE else "fix_planned"
-            add_event(
-                session,
-                job_id,
-                kind,
-                f"attempt {attempt.number} failed ({nxt.reason[:200]}); "
-                f"next: {nxt.attempt_kind} on tier {to_tier}",
-                step.key,
-                from_tier=from_tier,
-                to_tier=to_tier,
-                reason=nxt.reason[:2000],
-            )
+        elif _plan_next(db, session, settings, verdict, step, attempt, config):
             return Outcome.RETRY
-        else:
-            _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
-            reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
-            fail_job_in_session(session, job_id, step, reason)
     finalize_job(db, settings, job_id)
     return Outcome.STOP
+
+
+def _plan_next(
+    db: Database,
+    session: Session,
+    settings: Settings,
+    verdict: _Verdict,
+    step: Step,
+    attempt: Attempt,
+    config: MerlinConfig,
+) -> bool:
+    """Plan a fix or an escalation (True), or end the job (False).
+
+    The job ends when the escalation cannot be paid for, or when every tier failed.
+    """
+    job_id, step_id, token = verdict.job_id, verdict.step_id, verdict.token
+    nxt = decide(
+        Failure(FailureKind.CAPABILITY, failure_reason(attempt)),
+        attempts=list(step.attempts),
+        tier_index=step.tier_index,
+        next_tier=config.next_tier(step.tier_index, StepType(step.step_type)),
+        limits=config.limits,
+    )
+    over_budget = _escalation_over_budget(db, session, job_id, step, nxt, config)
+    if over_budget is not None:
+        _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+        end_job_in_session(session, job_id, step, over_budget, status="budget_exceeded")
+        return False
+    if nxt.action not in (Action.FIX, Action.ESCALATE):
+        _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
+        reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
+        fail_job_in_session(session, job_id, step, reason)
+        return False
+    to_tier = config.tiers[nxt.tier_index].name
+    add_event(
+        session,
+        job_id,
+        "escalated" if nxt.action is Action.ESCALATE else "fix_planned",
+        f"attempt {attempt.number} failed ({nxt.reason[:200]}); "
+        f"next: {nxt.attempt_kind} on tier {to_tier}",
+        step.key,
+        from_tier=config.tiers[step.tier_index].name,
+        to_tier=to_tier,
+        reason=nxt.reason[:2000],
+    )
+    _settle(
+        session,
+        step_id,
+        token,
+        phase="attempt",
+        next_kind=nxt.attempt_kind.value,
+        tier_index=nxt.tier_index,
+        **queued_values(settings.handoff_seconds),
+    )
+    return True
 
 
 def _escalation_over_budget(
@@ -613,6 +657,11 @@ def end_job_in_session(
         step.error = reason
         step.finished_at = now
         step.phase = "done"
+        for attempt in step.attempts:  # one a lost worker left running ends with the step
+            if attempt.status in ("running", "committed"):
+                attempt.status = "error"
+                attempt.error = attempt.error or reason
+                attempt.finished_at = now
     job = session.get_one(Job, job_id)
     if job.status not in FINAL_JOB_STATUSES:
         job.status = status
@@ -620,7 +669,8 @@ def end_job_in_session(
         job.updated_at = now
         add_event(session, job_id, f"job_{status}", reason, step.key if step else None)
         for later in job.steps:
-            if later.status == StepStatus.PENDING:
+            # A step a worker has just claimed is left to it: it stops at its first call.
+            if later.status == StepStatus.PENDING and not _held_by_a_worker(later):
                 later.status = StepStatus.SKIPPED
                 later.result = f"skipped: the job ended ({status}) before this step"
                 later.phase = "done"
@@ -667,7 +717,7 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             if not done:
                 return job.status  # a stale finalize: steps are still running
             job.status = "completed"
-        elif any(_held_by_a_worker(step) for step in job.steps):
+        elif any(_held_by_a_worker(step) for step in _lock_steps(session, job_id)):
             return job.status  # ended (cancelled) while a worker runs a step: it will finalize
         else:
             _close_unfinished_steps(job)
@@ -680,6 +730,18 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         job.finished_at = job.updated_at = utcnow()
         add_event(session, job_id, "job_finished", f"job {job.status}", patch=str(patch))
         return job.status
+
+
+def _lock_steps(session: Session, job_id: str) -> list[Step]:
+    """The job's steps, fresh and locked: a worker's claim (an UPDATE) waits, or is seen."""
+    return list(
+        session.scalars(
+            select(Step)
+            .where(Step.job_id == job_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+    )
 
 
 def _held_by_a_worker(step: Step) -> bool:

@@ -49,16 +49,18 @@ def create_job(
     *,
     base_commit: str | None = None,
     replay_of: str | None = None,
+    exit_commands: list[str] | None = None,
 ) -> str:
     """Validate and record a job; returns its id. Raises InputError and writes nothing.
 
     The job starts from ``base_commit`` (the repository's HEAD when unset). A job with
-    ``replay_of`` takes its model answers from that job's journal (``merlin replay``).
+    ``replay_of`` takes its model answers from that job's journal (``merlin replay``),
+    and the original's ``exit_commands`` (one per step) rather than today's defaults.
     """
     tasklist.check_submittable()
     repo = find_repository(repo_path)
     starts = [start_tier(step, config) for step in tasklist.steps]
-    commands = [exit_command_for(step, config, repo) for step in tasklist.steps]
+    commands = exit_commands or [exit_command_for(step, config, repo) for step in tasklist.steps]
     job_id = new_job_id()
     base = base_commit or head_commit(repo)
     branch = job_branch(job_id)

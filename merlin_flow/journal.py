@@ -116,6 +116,9 @@ class ResponseCache:
                     LlmCall.request_hash == digest,
                     LlmCall.error.is_(None),
                     LlmCall.response.is_not(None),
+                    # Replayed rows answered by position (merlin replay): their answer may
+                    # belong to a different request. Paid and cached rows are exact.
+                    LlmCall.replayed.is_(False),
                 )
                 .order_by(LlmCall.id.desc())
                 .limit(1)

@@ -61,7 +61,20 @@ def _take_over(
     """Hand an expired step back to the queue; True if this sweep won and should enqueue."""
     worker_died = owner not in (None, QUEUED)
     with db.session() as session:
-        job = session.get_one(Job, job_id)
+        job = session.get_one(Job, job_id, with_for_update=True)  # job first, as everywhere
+        ended = job.status in FINAL_JOB_STATUSES  # cancelled since the sweep read it
+        if ended:
+            session.execute(
+                update(Step)
+                .where(Step.id == step_id, Step.lease_owner == owner)
+                .values(lease_owner=None, lease_expires_at=None)
+                .execution_options(synchronize_session=False)
+            )
+    if ended:
+        finalize_job(db, settings, job_id)  # its worker is gone: close the job
+        return False
+    with db.session() as session:
+        job = session.get_one(Job, job_id, with_for_update=True)
         limits = MerlinConfig.model_validate(job.config).limits
         result = session.execute(
             update(Step)

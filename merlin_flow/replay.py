@@ -39,8 +39,19 @@ def create_replay(db: Database, settings: Settings, job_id: str) -> str:
             )
         tasklist = TaskList.model_validate(job.tasklist)
         config = MerlinConfig.model_validate(job.config)
-        repo, base = Path(job.repo), job.base_commit
-    return create_job(db, settings, tasklist, repo, config, base_commit=base, replay_of=job_id)
+        repo, base, budget = Path(job.repo), job.base_commit, job.budget_usd
+        commands = [step.exit_command for step in job.steps]
+    return create_job(
+        db,
+        settings,
+        tasklist,
+        repo,
+        config,
+        budget_usd=budget,
+        base_commit=base,
+        replay_of=job_id,
+        exit_commands=commands,
+    )
 
 
 @dataclass(frozen=True)

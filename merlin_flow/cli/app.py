@@ -98,6 +98,21 @@ def _prepare(
     return settings, db, job_id
 
 
+def check_report_paths(*paths: Path | None) -> None:
+    """InputError, before any job exists, for a report path that cannot be written."""
+    import os
+
+    for path in paths:
+        if path is None:
+            continue
+        target = path.expanduser()
+        if target.is_dir():
+            raise InputError(f"{path} is a directory; give a file name for the report")
+        folder = next((p for p in target.absolute().parents if p.exists()), None)
+        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise InputError(f"cannot write a report to {path}: {folder} is not a writable folder")
+
+
 def _finish(
     db: Database,
     job_id: str,
@@ -110,10 +125,14 @@ def _finish(
     from merlin_flow.reports import junit_xml, write_atomically
 
     view = _follow(db, job_id, as_json)
-    if junit is not None:
-        write_atomically(junit, junit_xml(view))
-    if patch is not None:
-        write_atomically(patch, job_diff(db, job_id))
+    try:
+        if junit is not None:
+            write_atomically(junit, junit_xml(view))
+        if patch is not None:
+            write_atomically(patch, job_diff(db, job_id))
+    except OSError as exc:  # checked before the job ran; the disk may still fail now
+        err_console.print(f"[red]error:[/] cannot write a report: {escape(str(exc))}")
+        raise typer.Exit(1) from None
     if as_json:
         console.print_json(json.dumps(view))
     else:
@@ -169,6 +188,7 @@ def run(
     """Submit a TaskList and work it in this process, with live progress."""
 
     def work() -> None:
+        check_report_paths(junit, patch)
         _settings, db, job_id = _prepare(tasklist, repo, config, budget)
         _run_embedded(db, job_id, as_json, until=lambda: _finish(db, job_id, as_json, junit, patch))
 
@@ -218,6 +238,7 @@ def submit(
     def work() -> None:
         if (junit or patch) and not wait:
             raise InputError("--junit and --patch are written when the job ends: add --wait")
+        check_report_paths(junit, patch)
         _settings, db, job_id = _prepare(tasklist, repo, config, budget)
         from merlin_flow.workflow import enqueue_job
         from workers.app import app as celery_app

@@ -213,19 +213,22 @@ def test_on_call_once_per_model_call_with_usage(tmp_path: Path, workdir: Path) -
     assert second.tool_calls == []
 
 
-def test_check_alive_runs_before_each_call_and_can_stop(tmp_path: Path, workdir: Path) -> None:
+def test_check_alive_runs_before_each_model_and_tool_call_and_can_stop(
+    tmp_path: Path, workdir: Path
+) -> None:
     tier = scripted_tier(tmp_path, [{"reply": {"tool_calls": [call("list_files")]}}])
     checks: list[int] = []
     calls = Calls()
 
     def check_alive() -> None:
         checks.append(len(calls.seen))
-        if len(checks) == 3:
+        if len(checks) == 4:
             raise LeaseLost("another worker took the step")
 
     with pytest.raises(LeaseLost):
         run_agent(tier, BRIEF, Toolbox(workdir), None, 10, calls, check_alive)
-    assert checks == [0, 1, 2]
+    # model call 1, its tool call, model call 2, its tool call (stopped there)
+    assert checks == [0, 1, 1, 2]
     assert len(calls.seen) == 2
 
 

@@ -209,6 +209,11 @@ def test_valid_submit_is_detected_by_the_same_checks(
         (["resume", "nosuchjob"], "no job with id 'nosuchjob'"),
         (["replay", "nosuchjob"], "no job with id 'nosuchjob'"),
         (["resume", "x", "--budget", "-1"], "--budget must be more than 0"),
+        (["run", "x.yaml", "--junit", "."], "is a directory; give a file name"),
+        (
+            ["submit", "x.yaml", "--wait", "--patch", "/etc/hostname/y.diff"],
+            "not a writable folder",
+        ),
     ],
 )
 def test_costs_and_budget_bad_input(merlin_home: Path, args: list[str], message: str) -> None:
