@@ -36,6 +36,12 @@ _EXPORTS: dict[str, str] = {
     "job_view": "merlin_flow.jobs",
     "list_jobs": "merlin_flow.jobs",
     "enqueue_job": "merlin_flow.workflow",
+    "cancel_job": "merlin_flow.control",
+    "resume_job": "merlin_flow.control",
+    "job_costs": "merlin_flow.costs",
+    # Journal and replay
+    "create_replay": "merlin_flow.replay",
+    "ReplayReport": "merlin_flow.replay",
     # Agent, tools, models
     "Toolbox": "merlin_flow.tools",
     "run_agent": "merlin_flow.agent",
@@ -65,7 +71,9 @@ _EXPORTS: dict[str, str] = {
     "StepFailure": "merlin_flow.errors",
     "AgentError": "merlin_flow.errors",
     "BudgetExceeded": "merlin_flow.errors",
+    "JobCancelled": "merlin_flow.errors",
     "LeaseLost": "merlin_flow.errors",
+    "ReplayDiverged": "merlin_flow.errors",
 }
 
 __all__ = sorted(_EXPORTS)

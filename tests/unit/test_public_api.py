@@ -16,6 +16,8 @@ PINNED_API = {
     "StoreError", "TaskList", "TaskListError", "TaskListStatus", "TaskStep", "Tier", "Toolbox",
     "create_job", "decide", "enqueue_job", "get_settings", "job_view", "list_jobs",
     "load_config", "load_script", "load_tasklist", "parse_tasklist", "run_agent",
+    "cancel_job", "resume_job", "job_costs", "create_replay", "ReplayReport",
+    "JobCancelled", "ReplayDiverged",
 }  # fmt: skip
 
 
