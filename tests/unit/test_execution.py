@@ -52,6 +52,16 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path / "home")
 
 
+ONE_STEP = {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
+
+
+def _priced_tier(tmp_path: Path, price_out: float) -> Tier:
+    """A tier "local" answering with SCRIPT at $1 per M input tokens and ``price_out``."""
+    script = tmp_path / "script.yaml"
+    script.write_text(SCRIPT)
+    return Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=price_out)
+
+
 def _job(db: Database, settings: Settings, repo: Path, tmp_path: Path, steps: int = 1) -> str:
     script = tmp_path / "script.yaml"
     script.write_text(SCRIPT)
@@ -197,9 +207,7 @@ def test_rate_limited_tier_retries_then_escalates(
     config = _rate_limited_then_premium(
         tmp_path, Limits(max_retry_attempts=2, retry_base_delay=0.01, fix_attempts=1)
     )
-    tasklist = parse_tasklist(
-        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
-    )
+    tasklist = parse_tasklist(ONE_STEP)
     job_id = create_job(db, settings, tasklist, py_repo, config)
     outcomes = []
     for n in range(3):
@@ -232,13 +240,9 @@ def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
     from merlin_flow.store import Attempt, LlmCall
     from merlin_flow.tools import TOOL_SCHEMAS
 
-    script = tmp_path / "script.yaml"
-    script.write_text(SCRIPT)
-    tier = Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=2.0)
+    tier = _priced_tier(tmp_path, price_out=2.0)
     config = MerlinConfig(tiers=[tier])
-    tasklist = parse_tasklist(
-        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
-    )
+    tasklist = parse_tasklist(ONE_STEP)
     job_id = create_job(db, settings, tasklist, py_repo, config)
     with db.reader() as session:
         step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
@@ -302,14 +306,8 @@ def test_budget_refuses_the_first_call_it_cannot_pay(
 ) -> None:
     from merlin_flow.store import LlmCall
 
-    script = tmp_path / "script.yaml"
-    script.write_text(SCRIPT)
-    config = MerlinConfig(
-        tiers=[Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=1.0)]
-    )
-    tasklist = parse_tasklist(
-        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
-    )
+    config = MerlinConfig(tiers=[_priced_tier(tmp_path, price_out=1.0)])
+    tasklist = parse_tasklist(ONE_STEP)
     job_id = create_job(db, settings, tasklist, py_repo, config, budget_usd=1e-6)
     assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.STOP
     view = job_view(db, job_id)
@@ -324,15 +322,8 @@ def test_budget_refuses_the_first_call_it_cannot_pay(
 def test_a_budget_that_covers_the_job_lets_it_finish(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    script = tmp_path / "script.yaml"
-    script.write_text(SCRIPT)
-    config = MerlinConfig(
-        tiers=[Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=1.0)],
-        budget_usd=1.0,
-    )
-    tasklist = parse_tasklist(
-        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
-    )
+    config = MerlinConfig(tiers=[_priced_tier(tmp_path, price_out=1.0)], budget_usd=1.0)
+    tasklist = parse_tasklist(ONE_STEP)
     job_id = create_job(db, settings, tasklist, py_repo, config)
     assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
     assert verify_step(db, settings, job_id, "s0", "w:2") is Outcome.CONTINUE
@@ -352,9 +343,7 @@ def test_cost_report_of_a_job_with_retries_and_an_escalation(
     config = _rate_limited_then_premium(
         tmp_path, Limits(max_retry_attempts=1, retry_base_delay=0.0, fix_attempts=0)
     )
-    tasklist = parse_tasklist(
-        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
-    )
+    tasklist = parse_tasklist(ONE_STEP)
     job_id = create_job(db, settings, tasklist, py_repo, config, budget_usd=5.0)
     for n in range(2):
         execute_step(db, settings, job_id, "s0", f"w:{n}a")
@@ -391,12 +380,8 @@ def test_the_response_cache_answers_identical_requests_across_jobs_for_free(
     from merlin_flow.costs import job_costs
     from merlin_flow.store import LlmCall
 
-    script = tmp_path / "script.yaml"
-    script.write_text(SCRIPT)
-    tier = Tier(name="local", model=f"scripted/{script}", price_in=1.0, price_out=2.0)
-    tasklist = parse_tasklist(
-        {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
-    )
+    tier = _priced_tier(tmp_path, price_out=2.0)
+    tasklist = parse_tasklist(ONE_STEP)
 
     def run(config: MerlinConfig) -> str:
         job_id = create_job(db, settings, tasklist, py_repo, config)
