@@ -457,9 +457,7 @@ def verify_step(
                 passed = status == "passed"
             if heartbeat.lost:
                 raise LeaseLost(f"step {step_key}: lease lost during verification")
-        if job_has_ended(db, job_id):
-            _abandon(db, settings, job_id, step_id, token)
-            return Outcome.STOP
+        # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
         verdict = _Verdict(job_id, step_id, attempt_id, token, exit_code, output)
         if passed:
             return _pass(db, settings, verdict, repo, branch)
