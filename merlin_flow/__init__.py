@@ -39,6 +39,8 @@ _EXPORTS: dict[str, str] = {
     "cancel_job": "merlin_flow.control",
     "resume_job": "merlin_flow.control",
     "job_costs": "merlin_flow.costs",
+    "JobRepository": "merlin_flow.repository",
+    "repository_for_input": "merlin_flow.repository",
     # Journal and replay
     "create_replay": "merlin_flow.replay",
     "ReplayReport": "merlin_flow.replay",
@@ -74,6 +76,7 @@ _EXPORTS: dict[str, str] = {
     "JobCancelled": "merlin_flow.errors",
     "LeaseLost": "merlin_flow.errors",
     "ReplayDiverged": "merlin_flow.errors",
+    "RemoteUnavailable": "merlin_flow.errors",
 }
 
 __all__ = sorted(_EXPORTS)

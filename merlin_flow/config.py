@@ -191,6 +191,12 @@ def check_scripted_files(config: MerlinConfig) -> None:
                 raise ConfigError(f"tier {tier.name!r}: {exc}") from None
 
 
+def scripts_inside(config: MerlinConfig, folder: Path) -> list[Path]:
+    """The scripted tiers' script files that lie inside ``folder``."""
+    scripts = [Path(t.model.removeprefix(SCRIPTED_PREFIX)) for t in config.tiers if t.is_scripted]
+    return [script for script in scripts if script.is_relative_to(folder.resolve())]
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:

@@ -13,8 +13,6 @@ they were routed. Completed steps are kept.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from sqlalchemy import select
 
 from merlin_flow.config import MerlinConfig
@@ -27,10 +25,10 @@ from merlin_flow.execution import (
     finalize_job,
 )
 from merlin_flow.leases import queued_values
+from merlin_flow.repository import repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, Step, utcnow
 from merlin_flow.tasklist import StepStatus, StepType
-from merlin_flow.workspace import resolve_ref
 
 RESUMABLE = frozenset({"failed", "cancelled", "budget_exceeded"})
 
@@ -79,7 +77,7 @@ def resume_job(
             )
         config = MerlinConfig.model_validate(job.config)
         tier_index = config.tier_index(tier) if tier is not None else None
-        head = resolve_ref(Path(job.repo), f"refs/heads/{job.branch}")
+        head = repository_of(job.repo, settings).branch_head(job.branch)
         if head != job.head_commit:
             raise InputError(
                 f"job branch {job.branch} is no longer at {job.head_commit[:10]} (someone "

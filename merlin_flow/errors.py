@@ -6,10 +6,11 @@ The tree is shallow and split by who must act::
     ├── InputError               the user's input is wrong (CLI exit code 2)
     │   ├── TaskListError        a TaskList file is invalid
     │   ├── ConfigError          merlin.toml is invalid (unknown tier, missing script...)
-    │   ├── RepositoryError      --repo is not a usable git work tree
+    │   ├── RepositoryError      --repo is not a usable git work tree or git URL
     │   └── JobNotFoundError     no job has the given id
     ├── StoreError               the database cannot be used (schema not upgraded...)
     ├── GitError                 a git command failed unexpectedly
+    │   └── RemoteUnavailable    a job's git remote cannot be reached (retried later)
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
     │   ├── AgentError           the agent could not finish (turn limit, model error)
     │   └── ReplayDiverged       a replay asked for a call the original job never made
@@ -46,7 +47,7 @@ class ConfigError(InputError):
 
 
 class RepositoryError(InputError):
-    """The repository path is not a git work tree with at least one commit."""
+    """--repo is not a git work tree with a commit, nor a git URL merlin can clone."""
 
 
 class JobNotFoundError(InputError):
@@ -61,6 +62,10 @@ class StoreError(MerlinError):
 
 class GitError(MerlinError):
     """A git command failed where it was expected to succeed."""
+
+
+class RemoteUnavailable(GitError):
+    """A job's git remote did not answer after retries; the task is recovered later."""
 
 
 class StepFailure(MerlinError):

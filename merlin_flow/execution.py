@@ -42,6 +42,7 @@ from merlin_flow.journal import (
 )
 from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values
 from merlin_flow.llm import Completion, complete
+from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
 from merlin_flow.tasklist import FINISHED_STEP_STATUSES, StepStatus, StepType
@@ -49,13 +50,10 @@ from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
 from merlin_flow.verify import run_exit_command
 from merlin_flow.workspace import (
     add_worktree,
-    advance_branch,
     attempt_ref,
     commit_all,
     diff,
     remove_worktree,
-    resolve_ref,
-    set_ref,
     write_excludes_file,
 )
 
@@ -175,11 +173,13 @@ def _run_attempt(
         if job_has_ended(db, job_id):
             raise JobCancelled(f"job {job_id} ended while step {step_key} was running")
 
-    plan, repo, brief = _begin_attempt(db, job_id, step_id, token, config)
+    plan, location, brief = _begin_attempt(db, job_id, step_id, token, config)
     tier = config.tiers[plan.tier_index]
     worktree = _worktree_path(settings, job_id, f"{step_key}-{plan.number}", token)
     excludes = write_excludes_file(settings.home_dir / "commit-excludes")
-    add_worktree(repo, worktree, plan.start_commit)
+    source = repository_of(location, settings)
+    source.have(job_id, plan.start_commit)
+    add_worktree(source.path, worktree, plan.start_commit)
     try:
         seqs = itertools.count(plan.calls_so_far)
         guard = BudgetGuard(db, job_id, plan.budget_usd, config.limits.expected_completion_tokens)
@@ -224,7 +224,9 @@ def _run_attempt(
             worktree, f"{message}\n\nJob {job_id}, attempt {plan.number}.", excludes
         )
     finally:
-        remove_worktree(repo, worktree)
+        remove_worktree(source.path, worktree)
+    # Before verify can be queued: a verify worker elsewhere fetches the commit by this ref.
+    source.publish(attempt_ref(job_id, step_key, plan.number), commit)
     with db.session() as session:
         ended = _lock_job(session, job_id).status in FINAL_JOB_STATUSES
         if ended:  # cancelled meanwhile: keep the attempt for the record, verify nothing
@@ -233,7 +235,6 @@ def _run_attempt(
             _settle(
                 session, step_id, token, phase="verify", **queued_values(settings.handoff_seconds)
             )
-        set_ref(repo, attempt_ref(job_id, step_key, plan.number), commit)
         attempt = session.get_one(Attempt, plan.attempt_id)
         attempt.commit = commit
         attempt.summary = summary[:4000]
@@ -319,7 +320,7 @@ def _stop_for_budget(
 
 def _begin_attempt(
     db: Database, job_id: str, step_id: int, token: str, config: MerlinConfig
-) -> tuple[_AttemptPlan, Path, StepBrief]:
+) -> tuple[_AttemptPlan, str, StepBrief]:
     """Create the attempt row (or resume the one a lost worker left running)."""
     now = utcnow()
     with db.session() as session:
@@ -395,7 +396,7 @@ def _begin_attempt(
         brief = StepBrief(
             step.key, step.step_type, step.description, step.verification, step.exit_command
         )
-        return plan, Path(job.repo), brief
+        return plan, job.repo, brief
 
 
 def _source_journal(
@@ -431,7 +432,7 @@ def verify_step(
             return Outcome.STOP
         step_id = step.id
         config = MerlinConfig.model_validate(job.config)
-        repo, branch = Path(job.repo), job.branch
+        location, branch = job.repo, job.branch
     if not claim(db, step_id, "verify", token, config.limits.lease_seconds):
         return Outcome.STOP
     try:
@@ -445,13 +446,15 @@ def verify_step(
             if status == "committed" and commit:
                 name = f"{step_key}-{number}-verify"
                 worktree = _worktree_path(settings, job_id, name, token)
+                source = repository_of(location, settings)
+                source.have(job_id, commit)
                 try:
-                    add_worktree(repo, worktree, commit)
+                    add_worktree(source.path, worktree, commit)
                     result = run_exit_command(
                         command, worktree, config.limits.exit_command_timeout, config.shell
                     )
                 finally:
-                    remove_worktree(repo, worktree)
+                    remove_worktree(source.path, worktree)
                 exit_code, output, passed = result.exit_code, result.output_tail, result.ok
             else:
                 passed = status == "passed"
@@ -460,7 +463,7 @@ def verify_step(
         # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
         verdict = _Verdict(job_id, step_id, attempt_id, token, exit_code, output)
         if passed:
-            return _pass(db, settings, verdict, repo, branch)
+            return _pass(db, settings, verdict, repository_of(location, settings), branch)
         return _fail(db, settings, verdict, config)
     except LeaseLost as exc:
         log.warning("%s", exc)
@@ -484,7 +487,9 @@ class _Verdict:
         attempt.finished_at = attempt.finished_at or utcnow()
 
 
-def _pass(db: Database, settings: Settings, verdict: _Verdict, repo: Path, branch: str) -> Outcome:
+def _pass(
+    db: Database, settings: Settings, verdict: _Verdict, source: JobRepository, branch: str
+) -> Outcome:
     job_id, step_id, token = verdict.job_id, verdict.step_id, verdict.token
     with db.session() as session:
         job = _lock_job(session, job_id)
@@ -497,8 +502,8 @@ def _pass(db: Database, settings: Settings, verdict: _Verdict, repo: Path, branc
             attempt.status = "cancelled"
         # The branch moves inside the transaction: if the database write then fails, the
         # lease expires, verify runs again and finds the branch already at `commit`.
-        elif not advance_branch(repo, branch, commit, job.head_commit) and (
-            resolve_ref(repo, f"refs/heads/{branch}") != commit
+        elif not source.advance(branch, commit, job.head_commit) and (
+            source.branch_head(branch) != commit
         ):
             reason = (
                 f"step {step.key} passed, but the job branch {branch} was moved by someone "
@@ -701,6 +706,13 @@ def fail_job(
 
 def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
     """Close a job: final status, the patch and summary files, the last event. Idempotent."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None or job.finished_at is not None:
+            return job.status if job else None
+        location, base, head = job.repo, job.base_commit, job.head_commit
+    source = repository_of(location, settings)
+    source.have(job_id, base, head)  # the patch's commits, fetched before taking the lock
     with db.session() as session:
         # FOR UPDATE: on Postgres a concurrent finalize (the task and a sweep) waits here
         # and then sees finished_at set. SQLite writers are serialized by BEGIN IMMEDIATE.
@@ -721,9 +733,10 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             _close_unfinished_steps(job)
         patch = settings.jobs_dir / job_id / f"{job_id}.patch"
         patch.parent.mkdir(parents=True, exist_ok=True)
-        patch.write_text(diff(Path(job.repo), job.base_commit, job.head_commit))
+        source.have(job_id, job.base_commit, job.head_commit)
+        patch.write_text(diff(source.path, job.base_commit, job.head_commit))
         patch.with_name("summary.md").write_text(_summary(job))
-        _remove_leftover_worktrees(Path(job.repo), settings.worktrees_dir / job_id)
+        _remove_leftover_worktrees(source.path, settings.worktrees_dir / job_id)
         job.patch_path = str(patch)
         job.finished_at = job.updated_at = utcnow()
         add_event(session, job_id, "job_finished", f"job {job.status}", patch=str(patch))

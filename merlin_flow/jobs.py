@@ -2,7 +2,8 @@
 
 ``create_job`` validates everything first (the TaskList, the repository, tiers named by
 steps, an exit command for every step) and writes nothing until all of it holds; then it
-creates the job branch at the repository's HEAD and the job's rows. Enqueuing the job is
+creates the job branch at the repository's HEAD (the remote's, for a git URL) and the
+job's rows. Enqueuing the job is
 the caller's business (``merlin_flow.workflow.enqueue_job``).
 """
 
@@ -19,19 +20,13 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.execution import add_event
 from merlin_flow.leases import queued_values
+from merlin_flow.repository import JobRepository, repository_for_input, repository_of
 from merlin_flow.routing import start_tier
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
 from merlin_flow.tasklist import StepStatus, TaskList
 from merlin_flow.verify import exit_command_for
-from merlin_flow.workspace import (
-    create_branch,
-    diff,
-    find_repository,
-    git,
-    head_commit,
-    job_branch,
-)
+from merlin_flow.workspace import diff, job_branch
 
 
 def new_job_id() -> str:
@@ -43,7 +38,7 @@ def create_job(
     db: Database,
     settings: Settings,
     tasklist: TaskList,
-    repo_path: Path,
+    repo: JobRepository | Path | str,
     config: MerlinConfig,
     budget_usd: float | None = None,
     *,
@@ -53,24 +48,28 @@ def create_job(
 ) -> str:
     """Validate and record a job; returns its id. Raises InputError and writes nothing.
 
+    ``repo`` is a git work tree's path or a git URL (see ``merlin_flow.repository``).
     The job starts from ``base_commit`` (the repository's HEAD when unset). A job with
     ``replay_of`` takes its model answers from that job's journal (``merlin replay``),
     and the original's ``exit_commands`` (one per step) rather than today's defaults.
     """
     tasklist.check_submittable()
-    repo = find_repository(repo_path)
+    source = repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
     starts = [start_tier(step, config) for step in tasklist.steps]
-    commands = exit_commands or [exit_command_for(step, config, repo) for step in tasklist.steps]
+    base = base_commit or source.base_commit()
+    commands = exit_commands
+    if not commands:
+        with source.files_at(base) as files:
+            commands = [exit_command_for(step, config, files) for step in tasklist.steps]
     job_id = new_job_id()
-    base = base_commit or head_commit(repo)
     branch = job_branch(job_id)
-    create_branch(repo, branch, base)
+    source.start_branch(branch, base)
     try:
         with db.session() as session:
             job = Job(
                 id=job_id,
                 title=tasklist.title,
-                repo=str(repo),
+                repo=source.location,
                 status="pending",
                 branch=branch,
                 base_commit=base,
@@ -105,7 +104,7 @@ def create_job(
                 job.steps.append(row)
             add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
     except BaseException:
-        git("update-ref", "-d", f"refs/heads/{branch}", cwd=repo, check=False)
+        source.drop_branch(branch)
         raise
     return job_id
 
@@ -234,14 +233,16 @@ def events_since(db: Database, job_id: str, after_id: int = 0) -> list[dict[str,
         ]
 
 
-def job_diff(db: Database, job_id: str) -> str:
+def job_diff(db: Database, settings: Settings, job_id: str) -> str:
     """The diff of the job's branch so far: base commit to its last verified step."""
     with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None:
             raise JobNotFoundError(f"no job with id {job_id!r}")
-        repo, base, head = Path(job.repo), job.base_commit, job.head_commit
-    return diff(repo, base, head)
+        location, base, head = job.repo, job.base_commit, job.head_commit
+    source = repository_of(location, settings)
+    source.have(job_id, base, head)
+    return diff(source.path, base, head)
 
 
 def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[dict[str, Any]]:

@@ -11,7 +11,6 @@ step. Commit ids differ (they carry dates and the job id); trees are compared.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
@@ -20,6 +19,7 @@ from sqlalchemy.orm import Session
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.jobs import create_job
+from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Job, LlmCall, Step
 from merlin_flow.tasklist import TaskList
@@ -39,7 +39,7 @@ def create_replay(db: Database, settings: Settings, job_id: str) -> str:
             )
         tasklist = TaskList.model_validate(job.tasklist)
         config = MerlinConfig.model_validate(job.config)
-        repo, base, budget = Path(job.repo), job.base_commit, job.budget_usd
+        repo, base, budget = job.repo, job.base_commit, job.budget_usd
         commands = [step.exit_command for step in job.steps]
     return create_job(
         db,
@@ -98,14 +98,14 @@ class ReplayReport:
         return data
 
 
-def compare(db: Database, replay_id: str) -> ReplayReport:
+def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
     """Compare replay job ``replay_id`` with the job it replays."""
     with db.reader() as session:
         replay = session.get(Job, replay_id)
         if replay is None or replay.replay_of is None:
             raise JobNotFoundError(f"no replay job with id {replay_id!r}")
         original = session.get_one(Job, replay.replay_of)
-        repo = Path(original.repo)
+        source = repository_of(original.repo, settings)
         replayed = {step.key: step for step in replay.steps}
         steps = []
         for step in original.steps:
@@ -118,7 +118,7 @@ def compare(db: Database, replay_id: str) -> ReplayReport:
                     replay_path=_path(twin),
                     original_commit=old,
                     replay_commit=new,
-                    same_tree=_tree(repo, old) == _tree(repo, new),
+                    same_tree=_tree(source, original.id, old) == _tree(source, replay.id, new),
                 )
             )
         calls, identical = _request_agreement(session, original.id, replay.id)
@@ -142,10 +142,11 @@ def _path(step: Step) -> str:
     return ", ".join(f"{a.kind}@{a.tier}" for a in step.attempts) or "-"
 
 
-def _tree(repo: Path, commit: str | None) -> str | None:
+def _tree(source: JobRepository, job_id: str, commit: str | None) -> str | None:
     if commit is None:
         return None
-    return git("rev-parse", f"{commit}^{{tree}}", cwd=repo).strip()
+    source.have(job_id, commit)
+    return git("rev-parse", f"{commit}^{{tree}}", cwd=source.path).strip()
 
 
 def _request_agreement(session: Session, original_id: str, replay_id: str) -> tuple[int, int]:

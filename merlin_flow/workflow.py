@@ -23,6 +23,7 @@ from celery import chain, shared_task
 from celery.exceptions import Ignore
 from sqlalchemy.exc import DBAPIError
 
+from merlin_flow.errors import RemoteUnavailable
 from merlin_flow.execution import (
     Outcome,
     execute_step,
@@ -58,8 +59,9 @@ def runtime() -> tuple[Database, Settings]:
 def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
     """Run ``work(db, settings, token)`` and turn unexpected errors into a decision.
 
-    A database error is taken as passing (a failover, a lock timeout): the task fails,
-    our lease expires and the recovery sweep runs the step again. Any other error fails
+    A database error is taken as passing (a failover, a lock timeout), and so is a git
+    remote that does not answer: the task fails, our lease expires and the recovery sweep
+    runs the step again. Any other error fails
     the job, if this task still holds the step; a task that lost it just stops.
     """
     db, settings = runtime()
@@ -67,8 +69,8 @@ def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
     try:
         outcome: Outcome = work(db, settings, token)
         return outcome
-    except DBAPIError:
-        log.exception("job %s: database error; the step will be recovered", job_id)
+    except (DBAPIError, RemoteUnavailable):
+        log.exception("job %s: database or git remote unreachable; recovered later", job_id)
         raise
     except Exception as exc:
         log.exception("job %s: task failed unexpectedly", job_id)

@@ -25,7 +25,7 @@ GIT_IDENTITY = {
 IGNORED_IN_COMMITS = ("__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/")
 
 
-def _run_git(
+def run_git(
     args: list[str], cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run git with merlin's identity, and without the user's hooks or commit signing."""
@@ -42,7 +42,7 @@ def _run_git(
 
 def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> str:
     """Run git in ``cwd`` and return its stdout, stripped; GitError on failure."""
-    proc = _run_git(list(args), cwd, env)
+    proc = run_git(list(args), cwd, env)
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
     return proc.stdout.strip()
@@ -91,7 +91,12 @@ def create_branch(repo: Path, branch: str, commit: str) -> None:
 
 def advance_branch(repo: Path, branch: str, new: str, expected_old: str) -> bool:
     """Move ``branch`` from ``expected_old`` to ``new``; False if it was elsewhere."""
-    return _run_git(["update-ref", f"refs/heads/{branch}", new, expected_old], repo).returncode == 0
+    return run_git(["update-ref", f"refs/heads/{branch}", new, expected_old], repo).returncode == 0
+
+
+def has_commit(repo: Path, commit: str) -> bool:
+    """True when ``commit`` is in the repository's object store."""
+    return run_git(["cat-file", "-e", f"{commit}^{{commit}}"], repo).returncode == 0
 
 
 def resolve_ref(repo: Path, ref: str) -> str | None:

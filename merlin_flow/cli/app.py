@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from merlin_flow.errors import InputError, MerlinError
+from merlin_flow.errors import ConfigError, InputError, MerlinError
 
 if TYPE_CHECKING:
     from merlin_flow.settings import Settings
@@ -39,7 +39,12 @@ err_console = Console(stderr=True)
 T = TypeVar("T")
 
 RepoOption = Annotated[
-    Path, typer.Option("--repo", help="The git repository to work on.", show_default="current dir")
+    str,
+    typer.Option(
+        "--repo",
+        help="The git repository to work on: a path every worker sees, or a git URL.",
+        show_default="current dir",
+    ),
 ]
 ConfigOption = Annotated[
     Path | None, typer.Option("--config", help="merlin.toml to use instead of <repo>/merlin.toml.")
@@ -79,22 +84,29 @@ def _state() -> tuple[Settings, Database]:
 
 
 def _prepare(
-    tasklist_path: Path, repo: Path, config_path: Path | None, budget: float | None
+    tasklist_path: Path, repo: str, config_path: Path | None, budget: float | None
 ) -> tuple[Any, ...]:
     """Validate input and create the job; nothing is enqueued yet."""
-    from merlin_flow.config import load_config
+    from merlin_flow.config import load_config, scripts_inside
     from merlin_flow.jobs import create_job
+    from merlin_flow.repository import repository_for_input
     from merlin_flow.tasklist import load_tasklist
-    from merlin_flow.workspace import find_repository
 
     if budget is not None and not budget > 0:
         raise InputError(f"--budget must be more than 0 USD, not {budget:g}")
     tasklist = load_tasklist(tasklist_path)
     tasklist.check_submittable()
-    top = find_repository(repo)
-    config = load_config(top, config_path)
     settings, db = _state()
-    job_id = create_job(db, settings, tasklist, top, config, budget_usd=budget)
+    source = repository_for_input(repo, settings)
+    base = source.base_commit()
+    with source.files_at(base) as files:
+        config = load_config(files, config_path)
+        if source.url is not None and scripts_inside(config, files):
+            raise ConfigError(
+                f"merlin.toml in {repo} names scripted models by paths inside the repository, "
+                "and workers do not read files from a git URL's checkout: give --config"
+            )
+    job_id = create_job(db, settings, tasklist, source, config, budget, base_commit=base)
     return settings, db, job_id
 
 
@@ -123,13 +135,14 @@ def _finish(
     """Show the job until it ends, write the CI reports asked for; exit 1 unless completed."""
     from merlin_flow.jobs import job_diff
     from merlin_flow.reports import junit_xml, write_atomically
+    from merlin_flow.settings import get_settings
 
     view = _follow(db, job_id, as_json)
     try:
         if junit is not None:
             write_atomically(junit, junit_xml(view))
         if patch is not None:
-            write_atomically(patch, job_diff(db, job_id))
+            write_atomically(patch, job_diff(db, get_settings(), job_id))
     except OSError as exc:  # checked before the job ran; the disk may still fail now
         err_console.print(f"[red]error:[/] cannot write a report: {escape(str(exc))}")
         raise typer.Exit(1) from None
@@ -178,7 +191,7 @@ def _print_outcome(view: dict[str, Any]) -> None:
 @app.command()
 def run(
     tasklist: TaskListArg,
-    repo: RepoOption = Path("."),
+    repo: RepoOption = ".",
     config: ConfigOption = None,
     budget: BudgetOption = None,
     as_json: JsonOption = False,
@@ -220,7 +233,7 @@ def _run_embedded(
 @app.command()
 def submit(
     tasklist: TaskListArg,
-    repo: RepoOption = Path("."),
+    repo: RepoOption = ".",
     config: ConfigOption = None,
     budget: BudgetOption = None,
     wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends.")] = False,
@@ -429,7 +442,7 @@ def replay(
         settings, db = _state()
         replay_id = create_replay(db, settings, job_id)
         _run_embedded(db, replay_id, as_json, until=lambda: _follow(db, replay_id, as_json))
-        report = compare(db, replay_id)
+        report = compare(db, settings, replay_id)
         if as_json:
             console.print_json(json.dumps(report.to_json()))
         else:

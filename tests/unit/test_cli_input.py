@@ -27,7 +27,9 @@ MERLIN_TOML = '[[tiers]]\nname = "local"\nmodel = "scripted/local.yaml"\n'
 class Case:
     tasklist: str
     expected: tuple[str, ...]
-    repo: str = "repo"  # "repo" (a good git repository) or "plain" (a plain folder)
+    # "repo" (a good git repository), "plain" (a plain folder), "remote" (a file:// URL of
+    # a bare clone of repo), "nowhere" (a file:// URL of nothing) or "password" (in the URL)
+    repo: str = "repo"
     config: str | None = None  # text of a --config file, if any
 
 
@@ -62,6 +64,19 @@ CASES = {
         config='[[tiers]]\nname = "ghost"\nmodel = "scripted/missing-script.yaml"\n',
     ),
     "empty-steps": Case("title: Nothing to do\nsteps: []\n", ("no steps",)),
+    "unreachable-url": Case(
+        "title: x\nsteps:\n" + GOOD_STEP, ("cannot clone", "nowhere.git"), repo="nowhere"
+    ),
+    "password-in-url": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("carries a password", "credential helper"),
+        repo="password",
+    ),
+    "url-whose-merlin-toml-names-scripts-inside-it": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("scripted models by paths inside", "--config"),
+        repo="remote",
+    ),
 }
 
 
@@ -149,11 +164,17 @@ def test_bad_input_is_refused(
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     tasklist = tmp_path / "tasklist.yaml"
     tasklist.write_text(case.tasklist)
-    target = repo
-    if case.repo == "plain":
-        target = tmp_path / "plain"
-        target.mkdir()
-    args = [command, str(tasklist), "--repo", str(target)]
+    bare = tmp_path / "remote.git"
+    git(tmp_path, "clone", "-q", "--bare", str(repo), str(bare))
+    target = {
+        "repo": str(repo),
+        "plain": str(tmp_path / "plain"),
+        "remote": f"file://{bare}",
+        "nowhere": f"file://{tmp_path / 'nowhere.git'}",
+        "password": "https://bot:hunter2@example.com/org/repo.git",
+    }[case.repo]
+    (tmp_path / "plain").mkdir()
+    args = [command, str(tasklist), "--repo", target]
     if case.config is not None:
         config = tmp_path / "conf" / "merlin.toml"
         config.parent.mkdir()
@@ -170,7 +191,9 @@ def test_bad_input_is_refused(
     assert "error:" in output
     for expected in case.expected:
         assert squash(expected) in output, result.output
+    assert "hunter2" not in output
     assert_nothing_written(merlin_home, repo, broker_before)
+    assert git(bare, "branch", "--list", "merlin/*") == ""
 
 
 def test_status_of_unknown_job(merlin_home: Path) -> None:

@@ -17,7 +17,8 @@ PINNED_API = {
     "create_job", "decide", "enqueue_job", "get_settings", "job_view", "list_jobs",
     "load_config", "load_script", "load_tasklist", "parse_tasklist", "run_agent",
     "cancel_job", "resume_job", "job_costs", "create_replay", "ReplayReport",
-    "JobCancelled", "ReplayDiverged",
+    "JobCancelled", "ReplayDiverged", "RemoteUnavailable", "JobRepository",
+    "repository_for_input",
 }  # fmt: skip
 
 

@@ -1,0 +1,182 @@
+"""Job repositories given as git URLs: caches per machine, refs pushed and fetched.
+
+Two ``Settings`` with different homes stand for two machines; a bare repository reached
+by a ``file://`` URL stands for the remote. Everything is real git.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from merlin_flow import repository
+from merlin_flow.config import load_config
+from merlin_flow.errors import GitError, RemoteUnavailable, RepositoryError
+from merlin_flow.jobs import create_job
+from merlin_flow.repository import (
+    cache_path,
+    is_git_url,
+    repository_for_input,
+    repository_of,
+)
+from merlin_flow.settings import Settings
+from merlin_flow.store import Job, open_database
+from merlin_flow.tasklist import TaskList
+from merlin_flow.workspace import add_worktree, attempt_ref, commit_all, remove_worktree
+from tests.conftest import git
+
+
+@pytest.fixture
+def remote(tmp_path: Path, py_repo: Path) -> str:
+    """A bare copy of py_repo, reached by a file:// URL."""
+    bare = tmp_path / "remote.git"
+    git(tmp_path, "clone", "-q", "--bare", str(py_repo), str(bare))
+    return f"file://{bare}"
+
+
+def _machine(tmp_path: Path, name: str) -> Settings:
+    return Settings(home=tmp_path / name)
+
+
+def _remote_ref(url: str, ref: str) -> str:
+    bare = Path(url.removeprefix("file://"))
+    return git(bare, "rev-parse", "--verify", "--quiet", ref)
+
+
+def _commit_on(source: repository.JobRepository, start: str, name: str, text: str) -> str:
+    """Make a commit on top of ``start`` in a worktree of ``source``, as a step does."""
+    worktree = source.scratch / f"make-{name}"
+    add_worktree(source.path, worktree, start)
+    try:
+        (worktree / name).write_text(text)
+        return commit_all(worktree, f"add {name}", source.scratch / "excludes")
+    finally:
+        remove_worktree(source.path, worktree)
+
+
+@pytest.mark.parametrize(
+    ("location", "expected"),
+    [
+        ("https://github.com/org/repo.git", True),
+        ("ssh://git@host:22/org/repo", True),
+        ("file:///srv/git/repo.git", True),
+        ("git@github.com:org/repo.git", True),
+        ("/home/me/repo", False),
+        ("relative/repo", False),
+        (".", False),
+        ("folder:with:colons", False),
+    ],
+)
+def test_git_urls_are_told_from_paths(location: str, expected: bool) -> None:
+    assert is_git_url(location) is expected
+
+
+def test_each_url_gets_its_own_readably_named_cache(tmp_path: Path) -> None:
+    settings = _machine(tmp_path, "m")
+    one = cache_path("https://github.com/org/service.git", settings)
+    other = cache_path("https://gitlab.com/org/service.git", settings)
+    assert one.name.startswith("service-")
+    assert one.name.endswith(".git")
+    assert one != other
+    assert one.parent == settings.home_dir / "repos"
+
+
+def test_a_url_with_a_password_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    with pytest.raises(RepositoryError) as caught:
+        repository_for_input("https://bot:s3cret@example.com/org/repo.git", _machine(tmp_path, "m"))
+    assert "s3cret" not in str(caught.value)
+    assert "credential helper" in str(caught.value)
+
+
+def test_a_url_that_cannot_be_cloned_is_an_input_error_and_leaves_no_cache(
+    tmp_path: Path,
+) -> None:
+    settings = _machine(tmp_path, "m")
+    url = f"file://{tmp_path / 'nowhere.git'}"
+    with pytest.raises(RepositoryError, match="cannot clone"):
+        repository_for_input(url, settings)
+    leftovers = [p.name for p in (settings.home_dir / "repos").iterdir()]
+    assert all(name.endswith(".lock") for name in leftovers), leftovers
+
+
+def test_commits_travel_between_two_machines_through_the_remote(
+    tmp_path: Path, remote: str, py_repo: Path
+) -> None:
+    one = repository_for_input(remote, _machine(tmp_path, "one"))
+    two = repository_of(remote, _machine(tmp_path, "two"))
+    assert one.path != two.path
+    assert one.url == two.url == remote
+    base = one.base_commit()
+    assert base == git(py_repo, "rev-parse", "HEAD")
+
+    one.start_branch("merlin/j1", base)
+    assert _remote_ref(remote, "refs/heads/merlin/j1") == base
+    with pytest.raises(GitError):  # a job branch is created once
+        one.start_branch("merlin/j1", base)
+
+    # Machine one makes an attempt and publishes it; machine two fetches it by the job.
+    commit = _commit_on(one, base, "notes.txt", "from machine one\n")
+    one.publish(attempt_ref("j1", "s1", 1), commit)
+    assert _remote_ref(remote, attempt_ref("j1", "s1", 1)) == commit
+    two.have("j1", commit)
+    assert git(two.path, "show", f"{commit}:notes.txt") == "from machine one"
+
+    # Machine two passes it: compare-and-swap on the remote branch.
+    assert two.advance("merlin/j1", commit, base)
+    assert _remote_ref(remote, "refs/heads/merlin/j1") == commit
+    assert one.branch_head("merlin/j1") == commit
+    # Machine one, still expecting the old head, is refused: nothing is overwritten.
+    other = _commit_on(one, base, "other.txt", "late\n")
+    assert not one.advance("merlin/j1", other, base)
+    assert _remote_ref(remote, "refs/heads/merlin/j1") == commit
+
+    one.drop_branch("merlin/j1")
+    assert one.branch_head("merlin/j1") is None
+
+
+def test_a_commit_the_remote_never_had_is_a_git_error(tmp_path: Path, remote: str) -> None:
+    one = repository_for_input(remote, _machine(tmp_path, "one"))
+    base = one.base_commit()
+    one.start_branch("merlin/j2", base)
+    unpublished = _commit_on(one, base, "x.txt", "x\n")
+    two = repository_of(remote, _machine(tmp_path, "two"))
+    with pytest.raises(GitError, match=unpublished[:10]):
+        two.have("j2", unpublished)
+
+
+def test_a_remote_that_does_not_answer_is_retried_then_reported_as_unavailable(
+    tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repository, "RETRY_DELAYS", (0.0, 0.0))
+    one = repository_for_input(remote, _machine(tmp_path, "one"))
+    base = one.base_commit()
+    one.start_branch("merlin/j3", base)
+    commit = _commit_on(one, base, "y.txt", "y\n")
+    shutil.rmtree(remote.removeprefix("file://"))  # the server is gone
+    with pytest.raises(RemoteUnavailable, match="3 tries"):
+        one.publish(attempt_ref("j3", "s1", 1), commit)
+    with pytest.raises(RemoteUnavailable):
+        repository_of(remote, _machine(tmp_path, "fresh"))  # a worker's first clone
+
+
+def test_a_job_on_a_url_records_the_url_and_reads_the_remote_project(
+    tmp_path: Path, remote: str, merlin_home: Path, py_repo: Path
+) -> None:
+    settings = Settings()
+    db = open_database(settings.database)
+    tasklist = TaskList.model_validate(
+        {"title": "t", "steps": [{"id": "s1", "step_type": "Test", "description": "run tests"}]}
+    )
+    # The work tree of py_repo moves on; the job starts from what the remote has.
+    (py_repo / "app.py").write_text("local edit\n")
+    job_id = create_job(db, settings, tasklist, remote, load_config())
+    with db.reader() as session:
+        job = session.get_one(Job, job_id)
+        assert job.repo == remote
+        assert job.base_commit == _remote_ref(remote, "refs/heads/main")
+        assert job.steps[0].exit_command == "python -m pytest -q"  # pyproject.toml found there
+    assert _remote_ref(remote, f"refs/heads/merlin/{job_id}") == job.base_commit
+    assert not list(settings.worktrees_dir.glob("files-*"))  # the checkout is gone
+    db.dispose()
