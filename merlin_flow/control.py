@@ -61,6 +61,11 @@ def resume_job(
     """
     if budget_usd is not None and not budget_usd > 0:
         raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
+    with db.reader() as session:
+        known = session.get(Job, job_id)
+        location, branch = (known.repo, known.branch) if known else (None, None)
+    # Read before taking the job's lock: for a git URL this asks the remote.
+    head = repository_of(location, settings).branch_head(branch) if location and branch else None
     with db.session() as session:
         job = session.get(Job, job_id, with_for_update=True)
         if job is None:
@@ -77,7 +82,6 @@ def resume_job(
             )
         config = MerlinConfig.model_validate(job.config)
         tier_index = config.tier_index(tier) if tier is not None else None
-        head = repository_of(job.repo, settings).branch_head(job.branch)
         if head != job.head_commit:
             raise InputError(
                 f"job branch {job.branch} is no longer at {job.head_commit[:10]} (someone "

@@ -20,7 +20,14 @@ from sqlalchemy.orm import Session
 from merlin_flow.agent import StepBrief, first_messages, run_agent
 from merlin_flow.budget import BudgetGuard
 from merlin_flow.config import MerlinConfig
-from merlin_flow.errors import AgentError, BudgetExceeded, JobCancelled, LeaseLost
+from merlin_flow.errors import (
+    AgentError,
+    BudgetExceeded,
+    GitError,
+    JobCancelled,
+    LeaseLost,
+    RemoteUnavailable,
+)
 from merlin_flow.escalation import (
     Action,
     AttemptKind,
@@ -226,6 +233,9 @@ def _run_attempt(
     finally:
         remove_worktree(source.path, worktree)
     # Before verify can be queued: a verify worker elsewhere fetches the commit by this ref.
+    # Only while we hold the step: a worker that lost it must not replace the new owner's.
+    if heartbeat.lost:
+        raise LeaseLost(f"step {step_key}: lease lost before publishing attempt {plan.number}")
     source.publish(attempt_ref(job_id, step_key, plan.number), commit)
     with db.session() as session:
         ended = _lock_job(session, job_id).status in FINAL_JOB_STATUSES
@@ -711,8 +721,7 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         if job is None or job.finished_at is not None:
             return job.status if job else None
         location, base, head = job.repo, job.base_commit, job.head_commit
-    source = repository_of(location, settings)
-    source.have(job_id, base, head)  # the patch's commits, fetched before taking the lock
+    source, unreadable = _patch_source(location, settings, job_id, base, head)
     with db.session() as session:
         # FOR UPDATE: on Postgres a concurrent finalize (the task and a sweep) waits here
         # and then sees finished_at set. SQLite writers are serialized by BEGIN IMMEDIATE.
@@ -733,10 +742,13 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             _close_unfinished_steps(job)
         patch = settings.jobs_dir / job_id / f"{job_id}.patch"
         patch.parent.mkdir(parents=True, exist_ok=True)
-        source.have(job_id, job.base_commit, job.head_commit)
-        patch.write_text(diff(source.path, job.base_commit, job.head_commit))
-        patch.with_name("summary.md").write_text(_summary(job))
-        _remove_leftover_worktrees(source.path, settings.worktrees_dir / job_id)
+        if source is None:
+            patch.write_text("")
+        else:
+            source.have(job_id, job.base_commit, job.head_commit)
+            patch.write_text(diff(source.path, job.base_commit, job.head_commit))
+            _remove_leftover_worktrees(source.path, settings.worktrees_dir / job_id)
+        patch.with_name("summary.md").write_text(_summary(job, unreadable))
         job.patch_path = str(patch)
         job.finished_at = job.updated_at = utcnow()
         add_event(session, job_id, "job_finished", f"job {job.status}", patch=str(patch))
@@ -785,7 +797,26 @@ def _remove_leftover_worktrees(repo: Path, folder: Path) -> None:
         folder.rmdir()
 
 
-def _summary(job: Job) -> str:
+def _patch_source(
+    location: str, settings: Settings, job_id: str, base: str, head: str
+) -> tuple[JobRepository | None, str | None]:
+    """The repository to write the patch from, with its commits; or None and why not.
+
+    A remote that does not answer raises (the finalize runs again later); one that
+    refuses for good (deleted, no access) must not keep the job from ending.
+    """
+    try:
+        source = repository_of(location, settings)
+        source.have(job_id, base, head)  # fetched before finalize takes the job's lock
+    except RemoteUnavailable:
+        raise
+    except GitError as exc:
+        log.warning("job %s: no patch: %s", job_id, exc)
+        return None, str(exc)
+    return source, None
+
+
+def _summary(job: Job, patch_error: str | None = None) -> str:
     """A Markdown summary of a finished job: outcome, and each step's attempts."""
     lines = [
         f"# {job.title}",
@@ -796,6 +827,8 @@ def _summary(job: Job) -> str:
     ]
     if job.error:
         lines.append(f"- error: {job.error}")
+    if patch_error:
+        lines.append(f"- patch: not written, the repository could not be read: {patch_error}")
     lines += ["", "| step | type | status | attempts (kind@tier: exit code) |", "|---|---|---|---|"]
     for step in job.steps:
         attempts = ", ".join(

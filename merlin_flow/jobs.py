@@ -20,7 +20,12 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.execution import add_event
 from merlin_flow.leases import queued_values
-from merlin_flow.repository import JobRepository, repository_for_input, repository_of
+from merlin_flow.repository import (
+    JobRepository,
+    refusals_as_input_errors,
+    repository_for_input,
+    repository_of,
+)
 from merlin_flow.routing import start_tier
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
@@ -56,14 +61,15 @@ def create_job(
     tasklist.check_submittable()
     source = repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
     starts = [start_tier(step, config) for step in tasklist.steps]
-    base = base_commit or source.base_commit()
-    commands = exit_commands
-    if not commands:
-        with source.files_at(base) as files:
-            commands = [exit_command_for(step, config, files) for step in tasklist.steps]
-    job_id = new_job_id()
-    branch = job_branch(job_id)
-    source.start_branch(branch, base)
+    with refusals_as_input_errors(source):
+        base = base_commit or source.base_commit()
+        commands = exit_commands
+        if not commands:
+            with source.files_at(base) as files:
+                commands = [exit_command_for(step, config, files) for step in tasklist.steps]
+        job_id = new_job_id()
+        branch = job_branch(job_id)
+        source.start_branch(branch, base)
     try:
         with db.session() as session:
             job = Job(

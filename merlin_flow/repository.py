@@ -12,16 +12,20 @@ meet:
   with ``git push --force-with-lease=<branch>:<expected>``, the same compare-and-swap
   ``git update-ref`` gives on a shared path.
 
-A remote that does not answer is retried with backoff, then reported as
-``RemoteUnavailable``: the task fails without touching the job, and the recovery sweep
-runs it again once the step's lease expires. The cache is only a cache: deleting it
-loses nothing.
+Remote commands never prompt (ssh runs in batch mode) and are bounded in time. A remote
+that does not answer (a network error, a timeout, an HTTP 5xx) is retried with backoff,
+then reported as ``RemoteUnavailable``: the task fails without touching the job, and the
+recovery sweep runs it again once the step's lease expires. Any other refusal (a
+missing repository, a failed login, a rejected push) is a ``GitError``. The cache holds
+nothing the remote lacks once a step has been handed on.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
+import os
 import re
 import shutil
 import subprocess
@@ -50,10 +54,38 @@ from merlin_flow.workspace import (
     set_ref,
 )
 
-# `scheme://...` (https, ssh, git, file) or scp-like `user@host:path`.
-_URL = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*://|[^\s/@:]+@[^\s/:]+:)")
+log = logging.getLogger(__name__)
+
+# `scheme://...` (https, ssh, git, file) or scp-like `user@host:path`; never `-...`.
+_URL = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*://|[^\s/@:-][^\s/@:]*@[^\s/:-][^\s/:]*:)")
 RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
-"""Seconds between tries of a remote that does not answer (git exits 128)."""
+"""Seconds between tries of a remote that does not answer."""
+REMOTE_TIMEOUT = 600.0
+"""Seconds one clone, fetch or push may take before git is killed (and tried again)."""
+_TRANSIENT = re.compile(
+    "|".join(
+        (
+            r"could not resolve host",  # DNS, http and ssh
+            r"failed to connect|couldn't connect|connection refused|connection timed out",
+            r"timed out|connection reset|broken pipe|network is unreachable|no route to host",
+            r"remote end hung up unexpectedly|early eof|rpc failed|temporary failure",
+            r"returned error: 5\d\d",  # HTTP 5xx
+            r"kex_exchange_identification|connection closed by",
+            r"cannot lock ref|unable to lock|\.lock': file exists",  # a concurrent git here
+        )
+    ),
+    re.IGNORECASE,
+)
+# No prompt, a bounded connect, and a dead connection noticed: a worker never hangs.
+_REMOTE_ENV = {
+    "GIT_SSH_COMMAND": os.environ.get(
+        "GIT_SSH_COMMAND",
+        "ssh -o BatchMode=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 "
+        "-o ServerAliveCountMax=4",
+    ),
+    "GIT_HTTP_LOW_SPEED_LIMIT": "1000",
+    "GIT_HTTP_LOW_SPEED_TIME": "60",
+}
 UPSTREAM_HEAD = "refs/merlin-upstream/HEAD"
 """Where a cache keeps the remote's HEAD, the commit new jobs start from."""
 
@@ -114,7 +146,8 @@ class JobRepository:
         if self.url is not None:
             ref = f"refs/heads/{branch}"
             try:
-                self._push([f"--force-with-lease={ref}:", f"{commit}:{ref}"])
+                if not self._push([f"--force-with-lease={ref}:", f"{commit}:{ref}"]):
+                    raise GitError(f"branch {branch} exists on {self.url} already")
             except BaseException:
                 git("update-ref", "-d", ref, cwd=self.path, check=False)
                 raise
@@ -123,7 +156,10 @@ class JobRepository:
         """Delete a job branch whose job could not be recorded; best effort."""
         git("update-ref", "-d", f"refs/heads/{branch}", cwd=self.path, check=False)
         if self.url is not None:
-            run_git(["push", "--quiet", self.url, "--delete", f"refs/heads/{branch}"], self.path)
+            try:
+                self._push(["--delete", f"refs/heads/{branch}"])
+            except GitError as exc:
+                log.warning("could not delete %s on %s: %s", branch, self.url, exc)
 
     def have(self, job_id: str, *commits: str) -> None:
         """Make sure ``commits`` are here, fetching the job's refs from the remote if not."""
@@ -139,9 +175,11 @@ class JobRepository:
 
     def publish(self, ref: str, commit: str) -> None:
         """Point ``ref`` at ``commit`` here and, for a URL, on the remote."""
-        set_ref(self.path, ref, commit)
-        if self.url is not None:
-            self._push([f"+{commit}:{ref}"])
+        if self.url is None:
+            set_ref(self.path, ref, commit)
+            return
+        self._push([f"+{commit}:{ref}"])
+        self._mirror(ref, commit)
 
     def advance(self, branch: str, new: str, expected_old: str) -> bool:
         """Move ``branch`` from ``expected_old`` to ``new``; False if it was elsewhere."""
@@ -150,8 +188,14 @@ class JobRepository:
         ref = f"refs/heads/{branch}"
         if not self._push([f"--force-with-lease={ref}:{expected_old}", f"{new}:{ref}"]):
             return False
-        set_ref(self.path, ref, new)
+        self._mirror(ref, new)
         return True
+
+    def _mirror(self, ref: str, commit: str) -> None:
+        """Copy a ref the remote took into the cache; the remote's copy is the one that counts."""
+        proc = run_git(["update-ref", ref, commit], self.path)
+        if proc.returncode != 0:
+            log.warning("cache %s: could not set %s: %s", self.path, ref, proc.stderr.strip())
 
     def branch_head(self, branch: str) -> str | None:
         """Where ``branch`` points: in the work tree, or on the remote."""
@@ -181,22 +225,25 @@ class JobRepository:
 
     def _tries(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         """Run git, again after each delay while the remote does not answer."""
-        for delay in (*RETRY_DELAYS, None):
-            proc = run_git(args, self.path)
-            if not _unreachable(proc):
-                return proc
-            if delay is None:
-                raise RemoteUnavailable(
-                    f"{self.url} did not answer `git {args[0]}` after {len(RETRY_DELAYS) + 1} "
-                    f"tries: {_last_line(proc.stderr)}"
-                )
-            time.sleep(delay)
-        raise AssertionError("unreachable")
+        return _patiently(args, self.path, f"{self.url} did not answer `git {args[0]}`")
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
         with _cache_lock(self.path):
             yield
+
+
+@contextmanager
+def refusals_as_input_errors(source: JobRepository) -> Iterator[None]:
+    """While a job is submitted: a remote's refusal is bad input (exit 2), not a crash."""
+    try:
+        yield
+    except RemoteUnavailable:
+        raise
+    except GitError as exc:
+        if source.url is None:
+            raise
+        raise RepositoryError(f"{source.location}: {exc}") from None
 
 
 def repository_for_input(location: str, settings: Settings) -> JobRepository:
@@ -208,10 +255,11 @@ def repository_for_input(location: str, settings: Settings) -> JobRepository:
     if not is_git_url(location):
         top = find_repository(Path(location))
         return JobRepository(str(top), top, settings.worktrees_dir)
-    if urlsplit(location).password is not None:
+    parts = urlsplit(location)
+    if parts.password is not None or (parts.scheme in ("http", "https") and "@" in parts.netloc):
         raise RepositoryError(
-            f"{_redacted(location)}: the git URL carries a password, and merlin records the "
-            "URL with the job; give credentials with a git credential helper or an SSH key"
+            f"{_redacted(location)}: the git URL carries credentials, and merlin records the "
+            "URL with the job; give them with a git credential helper or an SSH key"
         )
     cache = cache_path(location, settings)
     _clone(location, cache, patient=False)
@@ -241,25 +289,53 @@ def _clone(url: str, cache: Path, patient: bool) -> None:
             return
         partial = cache.with_name(cache.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        args = ["clone", "--bare", "--quiet", url, str(partial)]
-        proc = run_git(args, cache.parent)
-        for delay in RETRY_DELAYS if patient else ():
-            if not _unreachable(proc):
-                break
-            time.sleep(delay)
+        # No background gc: it would pack refs while other threads update them.
+        args = ["clone", "--bare", "--quiet", "--config", "gc.auto=0"]
+        args += ["--config", "maintenance.auto=false", "--", url, str(partial)]
+        try:
+            if patient:
+                proc = _patiently(args, cache.parent, f"cannot clone {url}")
+            else:
+                proc = _once(args, cache.parent)
+        except RemoteUnavailable:
             shutil.rmtree(partial, ignore_errors=True)
-            proc = run_git(args, cache.parent)
+            raise
         if proc.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
-            if patient:
-                raise RemoteUnavailable(f"cannot clone {url}: {_last_line(proc.stderr)}")
-            raise RepositoryError(f"cannot clone {url}: {_last_line(proc.stderr)}")
+            error = RepositoryError if not patient else GitError
+            raise error(f"cannot clone {url}: {_last_line(proc.stderr)}")
+        shutil.rmtree(cache, ignore_errors=True)  # a half-deleted cache, never a good one
         partial.rename(cache)
+
+
+def _once(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a git command that talks to a remote, within REMOTE_TIMEOUT (exit 128 past it)."""
+    try:
+        return run_git(args, cwd, _REMOTE_ENV, timeout=REMOTE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        message = f"fatal: timed out after {REMOTE_TIMEOUT:g} s"
+        return subprocess.CompletedProcess(args, 128, "", message)
+
+
+def _patiently(args: list[str], cwd: Path, failure: str) -> subprocess.CompletedProcess[str]:
+    """Run ``_once``, again after each of RETRY_DELAYS while the failure is transient."""
+    for delay in (*RETRY_DELAYS, None):
+        proc = _once(args, cwd)
+        if not _unreachable(proc):
+            return proc
+        if delay is None:
+            tries = len(RETRY_DELAYS) + 1
+            raise RemoteUnavailable(f"{failure} after {tries} tries: {_last_line(proc.stderr)}")
+        time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 @contextmanager
 def _cache_lock(cache: Path) -> Iterator[None]:
-    """One writer at a time on a cache, across processes and threads (flock)."""
+    """One clone or fetch at a time into a cache, across processes and threads (flock).
+
+    Ref updates and worktrees need no lock: git locks each ref it changes.
+    """
     with cache.with_name(cache.name + ".lock").open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -269,8 +345,8 @@ def _cache_lock(cache: Path) -> Iterator[None]:
 
 
 def _unreachable(proc: subprocess.CompletedProcess[str]) -> bool:
-    """Exit code 128 is git's fatal error: here, a remote that did not answer."""
-    return proc.returncode == 128 and "couldn't find remote ref" not in proc.stderr
+    """True for a failure worth trying again: the network, a timeout, a busy lock."""
+    return proc.returncode != 0 and _TRANSIENT.search(proc.stderr) is not None
 
 
 def _last_line(text: str) -> str:
@@ -279,6 +355,5 @@ def _last_line(text: str) -> str:
 
 
 def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    host = f"{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()
+    """The URL with whatever stands before `@` in its authority replaced by `***`."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1***@", url)

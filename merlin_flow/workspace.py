@@ -26,9 +26,12 @@ IGNORED_IN_COMMITS = ("__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache
 
 
 def run_git(
-    args: list[str], cwd: Path, env: dict[str, str] | None = None
+    args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run git with merlin's identity, and without the user's hooks or commit signing."""
+    """Run git with merlin's identity, and without the user's hooks or commit signing.
+
+    Past ``timeout`` seconds git is killed and TimeoutExpired raised.
+    """
     full_env = {**os.environ, **GIT_IDENTITY, "GIT_TERMINAL_PROMPT": "0", **(env or {})}
     return subprocess.run(
         ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", *args],
@@ -37,6 +40,7 @@ def run_git(
         text=True,
         env=full_env,
         check=False,
+        timeout=timeout,
     )
 
 
@@ -112,7 +116,8 @@ def set_ref(repo: Path, ref: str, commit: str) -> None:
 
 def add_worktree(repo: Path, path: Path, commit: str) -> Path:
     """Create a detached worktree of ``commit`` at ``path``, replacing a stale one."""
-    remove_worktree(repo, path)
+    if path.exists():  # worktree paths carry a lease token: almost always new
+        remove_worktree(repo, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     git("worktree", "add", "--detach", "--force", str(path), commit, cwd=repo)
     return path

@@ -89,7 +89,7 @@ def _prepare(
     """Validate input and create the job; nothing is enqueued yet."""
     from merlin_flow.config import load_config, scripts_inside
     from merlin_flow.jobs import create_job
-    from merlin_flow.repository import repository_for_input
+    from merlin_flow.repository import refusals_as_input_errors, repository_for_input
     from merlin_flow.tasklist import load_tasklist
 
     if budget is not None and not budget > 0:
@@ -98,7 +98,8 @@ def _prepare(
     tasklist.check_submittable()
     settings, db = _state()
     source = repository_for_input(repo, settings)
-    base = source.base_commit()
+    with refusals_as_input_errors(source):
+        base = source.base_commit()
     with source.files_at(base) as files:
         config = load_config(files, config_path)
         if source.url is not None and scripts_inside(config, files):

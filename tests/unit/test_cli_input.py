@@ -69,7 +69,7 @@ CASES = {
     ),
     "password-in-url": Case(
         "title: x\nsteps:\n" + GOOD_STEP,
-        ("carries a password", "credential helper"),
+        ("carries credentials", "credential helper"),
         repo="password",
     ),
     "url-whose-merlin-toml-names-scripts-inside-it": Case(

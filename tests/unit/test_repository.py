@@ -7,6 +7,7 @@ by a ``file://`` URL stands for the remote. Everything is real git.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,8 @@ def _commit_on(source: repository.JobRepository, start: str, name: str, text: st
         ("relative/repo", False),
         (".", False),
         ("folder:with:colons", False),
+        ("-oProxyCommand=evil@host:path", False),
+        ("--upload-pack=touch@host:x", False),
     ],
 )
 def test_git_urls_are_told_from_paths(location: str, expected: bool) -> None:
@@ -83,9 +86,18 @@ def test_each_url_gets_its_own_readably_named_cache(tmp_path: Path) -> None:
     assert one.parent == settings.home_dir / "repos"
 
 
-def test_a_url_with_a_password_is_refused_without_echoing_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://bot:s3cret@example.com/org/repo.git",
+        "https://s3cret@example.com/org/repo.git",  # a token as the user name
+        "ssh://git:s3cret@example.com/org/repo.git",
+        "https://bot:s3cret@example.com:notaport/org/repo.git",
+    ],
+)
+def test_a_url_with_credentials_is_refused_without_echoing_them(tmp_path: Path, url: str) -> None:
     with pytest.raises(RepositoryError) as caught:
-        repository_for_input("https://bot:s3cret@example.com/org/repo.git", _machine(tmp_path, "m"))
+        repository_for_input(url, _machine(tmp_path, "m"))
     assert "s3cret" not in str(caught.value)
     assert "credential helper" in str(caught.value)
 
@@ -152,13 +164,44 @@ def test_a_remote_that_does_not_answer_is_retried_then_reported_as_unavailable(
     monkeypatch.setattr(repository, "RETRY_DELAYS", (0.0, 0.0))
     one = repository_for_input(remote, _machine(tmp_path, "one"))
     base = one.base_commit()
-    one.start_branch("merlin/j3", base)
     commit = _commit_on(one, base, "y.txt", "y\n")
-    shutil.rmtree(remote.removeprefix("file://"))  # the server is gone
+    # The same cache, while its server refuses connections.
+    down = replace(one, url="http://127.0.0.1:1/remote.git")
     with pytest.raises(RemoteUnavailable, match="3 tries"):
-        one.publish(attempt_ref("j3", "s1", 1), commit)
-    with pytest.raises(RemoteUnavailable):
-        repository_of(remote, _machine(tmp_path, "fresh"))  # a worker's first clone
+        down.publish(attempt_ref("j3", "s1", 1), commit)
+    with pytest.raises(RemoteUnavailable, match="3 tries"):
+        repository_of("http://127.0.0.1:1/other.git", _machine(tmp_path, "fresh"))  # a clone
+    assert not list((tmp_path / "fresh" / "repos").glob("*.partial"))
+
+
+def test_a_remote_that_refuses_is_a_git_error_at_once(
+    tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(repository.time, "sleep", slept.append)
+    one = repository_for_input(remote, _machine(tmp_path, "one"))
+    base = one.base_commit()
+    commit = _commit_on(one, base, "y.txt", "y\n")
+    shutil.rmtree(remote.removeprefix("file://"))  # no such repository any more
+    with pytest.raises(GitError) as caught:
+        one.publish(attempt_ref("j4", "s1", 1), commit)
+    assert not isinstance(caught.value, RemoteUnavailable)
+    assert slept == []  # not retried
+
+
+def test_a_job_branch_that_exists_on_the_remote_is_not_taken_over(
+    tmp_path: Path, remote: str, py_repo: Path
+) -> None:
+    one = repository_for_input(remote, _machine(tmp_path, "one"))
+    two = repository_for_input(remote, _machine(tmp_path, "two"))
+    base = two.base_commit()
+    other = _commit_on(two, base, "z.txt", "z\n")
+    two.start_branch("merlin/j5", other)
+    # Machine one's cache has no such branch, but the remote does: refused, not moved.
+    with pytest.raises(GitError, match="exists on"):
+        one.start_branch("merlin/j5", base)
+    assert _remote_ref(remote, "refs/heads/merlin/j5") == other
+    assert git(one.path, "branch", "--list", "merlin/j5") == ""
 
 
 def test_a_job_on_a_url_records_the_url_and_reads_the_remote_project(
@@ -179,4 +222,68 @@ def test_a_job_on_a_url_records_the_url_and_reads_the_remote_project(
         assert job.steps[0].exit_command == "python -m pytest -q"  # pyproject.toml found there
     assert _remote_ref(remote, f"refs/heads/merlin/{job_id}") == job.base_commit
     assert not list(settings.worktrees_dir.glob("files-*"))  # the checkout is gone
+    db.dispose()
+
+
+def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
+    tmp_path: Path, py_repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery.exceptions import Ignore
+
+    from merlin_flow import workflow
+    from merlin_flow.leases import claim
+    from merlin_flow.store import Step
+
+    settings = _machine(tmp_path, "m")
+    db = open_database(settings.database)
+    tasklist = TaskList.model_validate(
+        {"title": "t", "steps": [{"id": "s1", "step_type": "Test", "description": "d"}]}
+    )
+    job_id = create_job(db, settings, tasklist, py_repo, load_config())
+    with db.reader() as session:
+        step_id = session.get_one(Job, job_id).steps[0].id
+    monkeypatch.setattr(workflow, "runtime", lambda: (db, settings))
+
+    def failing_with(error: Exception) -> object:
+        def work(db_: object, settings_: object, token: str) -> None:
+            assert claim(db, step_id, "attempt", token, 60)  # the task holds the step
+            raise error
+
+        return work
+
+    with pytest.raises(RemoteUnavailable):  # the task fails; its lease will run out
+        workflow._guard(job_id, "s1", failing_with(RemoteUnavailable("remote down")))
+    with db.reader() as session:
+        assert session.get_one(Job, job_id).status == "pending"
+        assert session.get_one(Step, step_id).status == "Pending"
+    # Against a refusal, which does end the job.
+    with db.session() as session:
+        session.get_one(Step, step_id).lease_owner = None
+    with pytest.raises(Ignore):
+        workflow._guard(job_id, "s1", failing_with(GitError("push refused")))
+    with db.reader() as session:
+        job = session.get_one(Job, job_id)
+        assert job.status == "failed"
+        assert "push refused" in (job.error or "")
+    db.dispose()
+
+
+def test_a_job_ends_even_when_its_remote_is_gone_for_good(tmp_path: Path, remote: str) -> None:
+    from merlin_flow.control import cancel_job
+    from merlin_flow.jobs import job_view
+
+    submitter, control = _machine(tmp_path, "submitter"), _machine(tmp_path, "control")
+    db = open_database(f"sqlite:///{tmp_path / 'merlin.db'}")
+    tasklist = TaskList.model_validate(
+        {"title": "t", "steps": [{"id": "s1", "step_type": "Test", "description": "d"}]}
+    )
+    job_id = create_job(db, submitter, tasklist, remote, load_config())
+    shutil.rmtree(remote.removeprefix("file://"))
+    # The control machine has no cache and can never make one: the job still ends.
+    assert cancel_job(db, control, job_id) == "cancelled"
+    view = job_view(db, job_id)
+    assert view["finished_at"] is not None
+    patch = Path(view["patch"])
+    assert patch.read_text() == ""
+    assert "patch: not written" in patch.with_name("summary.md").read_text()
     db.dispose()
