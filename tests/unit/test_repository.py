@@ -7,6 +7,7 @@ by a ``file://`` URL stands for the remote. Everything is real git.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -177,16 +178,23 @@ def test_a_remote_that_does_not_answer_is_retried_then_reported_as_unavailable(
 def test_a_remote_that_refuses_is_a_git_error_at_once(
     tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    slept: list[float] = []
-    monkeypatch.setattr(repository.time, "sleep", slept.append)
+    tries: list[list[str]] = []
+    once = repository._once
+
+    def counted(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        tries.append(args)
+        return once(args, cwd)
+
+    monkeypatch.setattr(repository, "_once", counted)
     one = repository_for_input(remote, _machine(tmp_path, "one"))
     base = one.base_commit()
     commit = _commit_on(one, base, "y.txt", "y\n")
     shutil.rmtree(remote.removeprefix("file://"))  # no such repository any more
+    tries.clear()
     with pytest.raises(GitError) as caught:
         one.publish(attempt_ref("j4", "s1", 1), commit)
     assert not isinstance(caught.value, RemoteUnavailable)
-    assert slept == []  # not retried
+    assert [args[0] for args in tries] == ["push"]  # tried once, not again
 
 
 def test_a_job_branch_that_exists_on_the_remote_is_not_taken_over(
