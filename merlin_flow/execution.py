@@ -443,6 +443,7 @@ def verify_step(
         step_id = step.id
         config = MerlinConfig.model_validate(job.config)
         location, branch = job.repo, job.branch
+    source = repository_of(location, settings)
     if not claim(db, step_id, "verify", token, config.limits.lease_seconds):
         return Outcome.STOP
     try:
@@ -456,7 +457,6 @@ def verify_step(
             if status == "committed" and commit:
                 name = f"{step_key}-{number}-verify"
                 worktree = _worktree_path(settings, job_id, name, token)
-                source = repository_of(location, settings)
                 source.have(job_id, commit)
                 try:
                     add_worktree(source.path, worktree, commit)
@@ -473,7 +473,7 @@ def verify_step(
         # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
         verdict = _Verdict(job_id, step_id, attempt_id, token, exit_code, output)
         if passed:
-            return _pass(db, settings, verdict, repository_of(location, settings), branch)
+            return _pass(db, settings, verdict, source, branch)
         return _fail(db, settings, verdict, config)
     except LeaseLost as exc:
         log.warning("%s", exc)

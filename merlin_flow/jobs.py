@@ -66,7 +66,7 @@ def create_job(
         commands = exit_commands
         if not commands:
             with source.files_at(base) as files:
-                commands = [exit_command_for(step, config, files) for step in tasklist.steps]
+                commands = default_exit_commands(tasklist, config, files)
         job_id = new_job_id()
         branch = job_branch(job_id)
         source.start_branch(branch, base)
@@ -113,6 +113,11 @@ def create_job(
         source.drop_branch(branch)
         raise
     return job_id
+
+
+def default_exit_commands(tasklist: TaskList, config: MerlinConfig, files: Path) -> list[str]:
+    """Each step's exit command, for the project whose files are in ``files``."""
+    return [exit_command_for(step, config, files) for step in tasklist.steps]
 
 
 def _iso(value: datetime | None) -> str | None:

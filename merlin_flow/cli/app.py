@@ -88,7 +88,7 @@ def _prepare(
 ) -> tuple[Any, ...]:
     """Validate input and create the job; nothing is enqueued yet."""
     from merlin_flow.config import load_config, scripts_inside
-    from merlin_flow.jobs import create_job
+    from merlin_flow.jobs import create_job, default_exit_commands
     from merlin_flow.repository import refusals_as_input_errors, repository_for_input
     from merlin_flow.tasklist import load_tasklist
 
@@ -100,14 +100,17 @@ def _prepare(
     source = repository_for_input(repo, settings)
     with refusals_as_input_errors(source):
         base = source.base_commit()
-    with source.files_at(base) as files:
+    with source.files_at(base) as files:  # one checkout for a URL: config and exit commands
         config = load_config(files, config_path)
         if source.url is not None and scripts_inside(config, files):
             raise ConfigError(
                 f"merlin.toml in {repo} names scripted models by paths inside the repository, "
                 "and workers do not read files from a git URL's checkout: give --config"
             )
-    job_id = create_job(db, settings, tasklist, source, config, budget, base_commit=base)
+        commands = default_exit_commands(tasklist, config, files)
+    job_id = create_job(
+        db, settings, tasklist, source, config, budget, base_commit=base, exit_commands=commands
+    )
     return settings, db, job_id
 
 
