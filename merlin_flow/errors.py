@@ -7,12 +7,16 @@ The tree is shallow and split by who must act::
     │   ├── TaskListError        a TaskList file is invalid
     │   ├── ConfigError          merlin.toml is invalid (unknown tier, missing script...)
     │   ├── RepositoryError      --repo is not a usable git work tree or git URL
-    │   └── JobNotFoundError     no job has the given id
+    │   ├── JobNotFoundError     no job has the given id
+    │   ├── SandboxUnavailable   the configured sandbox (bwrap) cannot run here
+    │   └── NoModelAvailable     no configured tier has its credentials or server
     ├── StoreError               the database cannot be used (schema not upgraded...)
     ├── GitError                 a git command failed unexpectedly
     │   └── RemoteUnavailable    a job's git remote cannot be reached (retried later)
+    ├── SetupFailed              the project's environment could not be built (job fails)
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
     │   ├── AgentError           the agent could not finish (turn limit, model error)
+    │   │   └── ModelUnreachable the tier's model cannot be used (no key, no server)
     │   └── ReplayDiverged       a replay asked for a call the original job never made
     ├── BudgetExceeded           control flow: the job's budget is spent; the job stops
     ├── JobCancelled             control flow: `merlin cancel`; the running step stops
@@ -54,6 +58,14 @@ class JobNotFoundError(InputError):
     """No job with the given id exists in the store."""
 
 
+class SandboxUnavailable(InputError):
+    """`[sandbox] mode = "bwrap"` is configured but bubblewrap cannot run on this machine."""
+
+
+class NoModelAvailable(InputError):
+    """No configured tier has its credentials or its server: no attempt could succeed."""
+
+
 class StoreError(MerlinError):
     """The database is unreachable or its schema is not at the current revision."""
 
@@ -68,12 +80,24 @@ class RemoteUnavailable(GitError):
     """A job's git remote did not answer after retries; the task is recovered later."""
 
 
+class SetupFailed(MerlinError):
+    """The project's environment (`[environment] setup`) failed to build; the job fails."""
+
+
 class StepFailure(MerlinError):
     """One attempt of a step failed; the reason is recorded on the attempt."""
 
 
 class AgentError(StepFailure):
     """The agent loop ended without finishing: turn limit, model error, no scripted reply."""
+
+
+class ModelUnreachable(AgentError):
+    """A tier's model cannot be used at all (missing key, refused connection, bad login).
+
+    Never retried as transient and never given a fix attempt: the step goes to the next
+    tier, or fails naming the tier, the model and what is missing.
+    """
 
 
 class ReplayDiverged(StepFailure):

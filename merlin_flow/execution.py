@@ -19,7 +19,13 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.agent import StepBrief, first_messages, run_agent
 from merlin_flow.budget import BudgetGuard
-from merlin_flow.config import MerlinConfig
+from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.environment import (
+    BuiltEnvironment,
+    ensure_environment,
+    prepare_worktree,
+    step_confinement,
+)
 from merlin_flow.errors import (
     AgentError,
     BudgetExceeded,
@@ -27,6 +33,8 @@ from merlin_flow.errors import (
     JobCancelled,
     LeaseLost,
     RemoteUnavailable,
+    SandboxUnavailable,
+    SetupFailed,
 )
 from merlin_flow.escalation import (
     Action,
@@ -68,6 +76,10 @@ log = logging.getLogger(__name__)
 
 TRANSCRIPT_CHARS = 8000
 """Longest message text kept in an attempt's transcript."""
+SANDBOX_OFF_WARNING = (
+    'warning: [sandbox] mode = "none": this job\'s commands run unconfined, as the '
+    "worker's user, with its files, network and environment in reach (docs/security.md)"
+)
 FINAL_JOB_STATUSES = frozenset({"completed", "failed", "cancelled", "budget_exceeded"})
 
 
@@ -156,6 +168,11 @@ def execute_step(
     except LeaseLost as exc:
         log.warning("%s", exc)
         return Outcome.STOP
+    except (SetupFailed, SandboxUnavailable) as exc:
+        # A fault of the project's environment or of this machine, not of the step: the
+        # job fails once, with the reason, instead of every attempt failing the same way.
+        fail_job(db, settings, job_id, step_key, token, str(exc))
+        return Outcome.STOP
 
 
 def _worktree_path(settings: Settings, job_id: str, name: str, token: str) -> Path:
@@ -186,7 +203,9 @@ def _run_attempt(
     excludes = write_excludes_file(settings.home_dir / "commit-excludes")
     source = repository_of(location, settings)
     source.have(job_id, plan.start_commit)
+    environment = _environment(db, settings, config, source, job_id, step_key, plan.start_commit)
     add_worktree(source.path, worktree, plan.start_commit)
+    prepare_worktree(environment, worktree)
     try:
         seqs = itertools.count(plan.calls_so_far)
         guard = BudgetGuard(db, job_id, plan.budget_usd, config.limits.expected_completion_tokens)
@@ -201,7 +220,12 @@ def _run_attempt(
             result = run_agent(
                 tier,
                 brief,
-                Toolbox(worktree, config.limits.tool_command_timeout),
+                Toolbox(
+                    worktree,
+                    config.limits.tool_command_timeout,
+                    step_confinement(worktree, environment, config),
+                    config.sandbox,
+                ),
                 plan.feedback,
                 config.limits.max_turns,
                 on_call,
@@ -270,6 +294,33 @@ def _run_attempt(
         finalize_job(db, settings, job_id)
         return Outcome.STOP
     return Outcome.CONTINUE
+
+
+def _environment(
+    db: Database,
+    settings: Settings,
+    config: MerlinConfig,
+    source: JobRepository,
+    job_id: str,
+    step_key: str,
+    commit: str,
+) -> BuiltEnvironment | None:
+    """The project's environment at ``commit``, built (and recorded) if it is new."""
+    name = source.location.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+    environment = ensure_environment(
+        settings, config, source.path, commit, name.removesuffix(".git")
+    )
+    if environment is not None and environment.built:
+        with db.session() as session:
+            add_event(
+                session,
+                job_id,
+                "environment_built",
+                f"environment {environment.path.name} built in {environment.seconds:.1f} s",
+                step_key,
+                path=str(environment.path),
+            )
+    return environment
 
 
 def _lock_job(session: Session, job_id: str) -> Job:
@@ -341,6 +392,8 @@ def _begin_attempt(
             job.status = "running"
             job.started_at = now
             add_event(session, job_id, "job_started", "job started")
+            if config.sandbox.mode is SandboxMode.NONE:
+                add_event(session, job_id, "sandbox_disabled", SANDBOX_OFF_WARNING)
         if step.status == StepStatus.PENDING:
             step.status = StepStatus.IN_PROGRESS
             step.started_at = now
@@ -458,11 +511,12 @@ def verify_step(
                 name = f"{step_key}-{number}-verify"
                 worktree = _worktree_path(settings, job_id, name, token)
                 source.have(job_id, commit)
+                environment = _environment(db, settings, config, source, job_id, step_key, commit)
                 try:
                     add_worktree(source.path, worktree, commit)
-                    result = run_exit_command(
-                        command, worktree, config.limits.exit_command_timeout, config.shell
-                    )
+                    prepare_worktree(environment, worktree)
+                    confinement = step_confinement(worktree, environment, config)
+                    result = run_exit_command(command, confinement, config)
                 finally:
                     remove_worktree(source.path, worktree)
                 exit_code, output, passed = result.exit_code, result.output_tail, result.ok
@@ -477,6 +531,9 @@ def verify_step(
         return _fail(db, settings, verdict, config)
     except LeaseLost as exc:
         log.warning("%s", exc)
+        return Outcome.STOP
+    except (SetupFailed, SandboxUnavailable) as exc:
+        fail_job(db, settings, job_id, step_key, token, str(exc))
         return Outcome.STOP
 
 
@@ -572,6 +629,16 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
         verdict.record_on(attempt)
         if attempt.status != "error":
             attempt.status = "failed"
+        if verdict.exit_code:
+            add_event(
+                session,
+                job_id,
+                "verify_failed",
+                _verify_failure(job_id, step, verdict),
+                step.key,
+                attempt=attempt.number,
+                exit_code=verdict.exit_code,
+            )
         session.flush()
         if ended:  # cancelled meanwhile: no fix, no escalation
             _settle(session, step_id, token, phase="done", lease_owner=None, lease_expires_at=None)
@@ -579,6 +646,16 @@ def _fail(db: Database, settings: Settings, verdict: _Verdict, config: MerlinCon
             return Outcome.RETRY
     finalize_job(db, settings, job_id)
     return Outcome.STOP
+
+
+def _verify_failure(job_id: str, step: Step, verdict: _Verdict) -> str:
+    """A failed exit command in a few lines: the command, its exit code, its last lines."""
+    lines = [line for line in verdict.output.rstrip().splitlines() if line.strip()][-5:]
+    tail = "".join(f"\n    {line}" for line in lines)
+    return (
+        f"`{step.exit_command}` exited with code {verdict.exit_code}:{tail}"
+        f"\n    (all output: merlin logs {job_id} --step {step.key})"
+    )
 
 
 def _plan_next(

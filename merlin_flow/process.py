@@ -1,15 +1,18 @@
 """Run a command in its own process group, with a timeout that kills the whole group.
 
-Used by the verify task for exit commands and by the agent's ``run_command`` tool. The
-command's output (stdout and stderr together) goes to a temporary file, not a pipe, so a
-background grandchild that keeps the pipe open cannot hang us; only its tail is kept.
-After the command ends, for any reason, what is left of its process group is killed.
+Used through ``merlin_flow.sandbox`` by exit commands, the agent's ``run_command`` tool
+and environment setup. The command's output (stdout and stderr together) goes to a
+temporary file, not a pipe, so a background grandchild that keeps the pipe open cannot
+hang us; only its tail is read back, so a command printing 100 MB costs the worker no
+memory. After the command ends, for any reason, what is left of its process group is
+killed. File-size and memory limits are applied with util-linux's ``prlimit``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -17,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 OUTPUT_TAIL_CHARS = 4000
 TIMEOUT_EXIT_CODE = 124
@@ -43,13 +47,14 @@ def run_command(
     timeout: float,
     env: Mapping[str, str] | None = None,
     tail_chars: int = OUTPUT_TAIL_CHARS,
+    limits: ResourceLimits | None = None,
 ) -> CommandResult:
     """Run ``argv`` (no shell) in ``cwd``; kill its process group after ``timeout`` s."""
     started = time.monotonic()
     with tempfile.TemporaryFile() as output:
         try:
             process = subprocess.Popen(
-                list(argv),
+                (limits or ResourceLimits()).wrap(list(argv)),
                 cwd=cwd,
                 env=dict(env) if env is not None else None,
                 stdin=subprocess.DEVNULL,
@@ -69,11 +74,39 @@ def run_command(
             exit_code = TIMEOUT_EXIT_CODE
         finally:
             _kill_group(process.pid)
-        output.seek(0)
-        text = output.read().decode("utf-8", errors="replace")
+        text = _tail(output, tail_chars)
     if timed_out:
         text += f"\n[merlin] command timed out after {timeout:g} s; its process group was killed"
     return CommandResult(exit_code, text[-tail_chars:], timed_out, time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    """Per-process limits for a command (and everything it starts), in bytes."""
+
+    file_size: int | None = None
+    """Largest file the command may write (RLIMIT_FSIZE)."""
+    memory: int | None = None
+    """Address space of each process (RLIMIT_AS)."""
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        """``argv`` behind ``prlimit`` when a limit is set (unchanged when none is)."""
+        options = []
+        if self.file_size is not None:
+            options.append(f"--fsize={self.file_size}")
+        if self.memory is not None:
+            options.append(f"--as={self.memory}")
+        if not options:
+            return argv
+        prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
+        return [prlimit, *options, "--", *argv]
+
+
+def _tail(output: IO[bytes], chars: int) -> str:
+    """The last ``chars`` characters of the output file, reading at most 4 bytes each."""
+    size = output.seek(0, os.SEEK_END)
+    output.seek(max(0, size - 4 * chars))
+    return output.read().decode("utf-8", errors="replace")[-chars:]
 
 
 def _kill_group(pgid: int) -> None:

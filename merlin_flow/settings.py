@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     """Seconds between recovery sweeps in each worker."""
     handoff_seconds: float = Field(default=300.0, gt=0)
     """How long a queued step may wait for a worker before the sweep enqueues it again."""
+    uv_cache_dir: Path | None = None
+    """MERLIN_UV_CACHE_DIR: uv's package cache for environment setup; default
+    $MERLIN_HOME/cache/uv (shared by setups only, never mounted into a step)."""
 
     @cached_property
     def home_dir(self) -> Path:
@@ -58,6 +61,16 @@ class Settings(BaseSettings):
     def worktrees_dir(self) -> Path:
         """Where attempt and verify worktrees are created."""
         return self.home_dir / "worktrees"
+
+    @property
+    def uv_cache(self) -> Path:
+        """The package cache of uv, used by environment setup."""
+        return (self.uv_cache_dir or self.home_dir / "cache" / "uv").expanduser().resolve()
+
+    @property
+    def envs_dir(self) -> Path:
+        """Where built project environments are kept."""
+        return self.home_dir / "envs"
 
     @property
     def jobs_dir(self) -> Path:

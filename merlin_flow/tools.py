@@ -4,9 +4,9 @@ Every path argument is resolved (symlinks included) and must stay inside the wor
 the repository's ``.git`` entry is off limits too. A refused or failing call returns an
 ``error: ...`` string to the model: a tool never raises into the agent loop.
 
-``run_command`` runs a shell command with the worktree as its working directory, in its
-own process group with a timeout. It is confined by its working directory, not sandboxed:
-run untrusted TaskLists in a container (see docs/operations.md).
+``run_command`` runs a shell command in the sandbox (``merlin_flow.sandbox``): the
+worktree at ``/workspace``, the project's environment first on PATH, no network, no
+home and no secret, killed whole at its timeout.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from merlin_flow.process import run_command, tool_environment
+from merlin_flow.config import Sandbox
+from merlin_flow.sandbox import Confinement, python_mounts, run_confined
 
 MAX_READ_CHARS = 100_000
 MAX_LIST_ENTRIES = 500
@@ -87,10 +88,26 @@ TOOL_SCHEMAS: list[dict[str, Any]] = [
 class Toolbox:
     """The tools of one attempt, bound to its worktree."""
 
-    def __init__(self, root: Path, command_timeout: float = 120.0) -> None:
-        """Bind the tools to ``root``; ``command_timeout`` caps `run_command`."""
+    def __init__(
+        self,
+        root: Path,
+        command_timeout: float = 120.0,
+        confinement: Confinement | None = None,
+        sandbox: Sandbox | None = None,
+    ) -> None:
+        """Bind the tools to ``root``; ``command_timeout`` caps `run_command`.
+
+        ``confinement`` and ``sandbox`` say where `run_command` runs; by default in the
+        bubblewrap sandbox with merlin's own interpreter first on PATH.
+        """
         self.root = root.resolve()
         self.command_timeout = command_timeout
+        self.confinement = confinement or Confinement(
+            worktree=self.root,
+            read_only=python_mounts(None),
+            path=(str(Path(sys.executable).parent),),
+        )
+        self.sandbox = sandbox or Sandbox()
         self._tools: dict[str, Callable[..., str]] = {
             "read_file": self.read_file,
             "write_file": self.write_file,
@@ -206,10 +223,10 @@ class Toolbox:
         return "\n".join(matches) if matches else "(no matches)"
 
     def run_command(self, command: str, timeout: float | None = None) -> str:
-        """Run ``command`` with /bin/sh in the worktree; report exit code and output."""
+        """Run ``command`` with /bin/sh in the sandbox; report exit code and output."""
         limit = min(float(timeout), self.command_timeout) if timeout else self.command_timeout
-        env = tool_environment(str(Path(sys.executable).parent))
-        result = run_command(["/bin/sh", "-c", command], self.root, limit, env)
+        argv = ["/bin/sh", "-c", command]
+        result = run_confined(argv, self.confinement, self.sandbox, limit)
         return f"exit code: {result.exit_code}\n{result.output_tail}"
 
     def _walk(self, base: Path) -> list[Path]:

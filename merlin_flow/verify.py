@@ -8,14 +8,17 @@ the project's kind (detected from marker files at the repository root).
 from __future__ import annotations
 
 import shlex
-import sys
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import ConfigError
-from merlin_flow.process import CommandResult, run_command, tool_environment
+from merlin_flow.process import CommandResult
 from merlin_flow.tasklist import StepType, TaskStep
+
+if TYPE_CHECKING:
+    from merlin_flow.sandbox import Confinement
 
 
 class ProjectKind(StrEnum):
@@ -106,7 +109,10 @@ def split_command(command: str, shell: bool) -> list[str]:
     return argv
 
 
-def run_exit_command(command: str, worktree: Path, timeout: float, shell: bool) -> CommandResult:
-    """Run an exit command in ``worktree`` with merlin's interpreter first on PATH."""
-    env = tool_environment(str(Path(sys.executable).parent))
-    return run_command(split_command(command, shell), worktree, timeout, env)
+def run_exit_command(command: str, confinement: Confinement, config: MerlinConfig) -> CommandResult:
+    """Run an exit command in the attempt's worktree, in the sandbox, in its environment."""
+    from merlin_flow.sandbox import run_confined
+
+    argv = split_command(command, config.shell)
+    timeout = config.limits.exit_command_timeout
+    return run_confined(argv, confinement, config.sandbox, timeout)

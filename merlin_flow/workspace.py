@@ -25,16 +25,29 @@ GIT_IDENTITY = {
 IGNORED_IN_COMMITS = ("__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/")
 
 
+SAFE_GIT_OPTIONS = (
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "commit.gpgsign=false",
+)
+
+
 def run_git(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run git with merlin's identity, and without the user's hooks or commit signing.
+    """Run git with merlin's identity, and without hooks, fsmonitor or commit signing.
+
+    A repository or worktree may carry hooks or an fsmonitor command written by a step's
+    commands or by the repository's author: merlin's own git never runs them.
 
     Past ``timeout`` seconds git is killed and TimeoutExpired raised.
     """
     full_env = {**os.environ, **GIT_IDENTITY, "GIT_TERMINAL_PROMPT": "0", **(env or {})}
     return subprocess.run(
-        ["git", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", *args],
+        ["git", *SAFE_GIT_OPTIONS, *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -58,7 +71,7 @@ def find_repository(path: Path) -> Path:
     if not path.is_dir():
         raise RepositoryError(f"repository path does not exist or is not a folder: {path}")
     proc = subprocess.run(
-        ["git", "rev-parse", "--is-inside-work-tree", "--show-toplevel"],
+        ["git", *SAFE_GIT_OPTIONS, "rev-parse", "--is-inside-work-tree", "--show-toplevel"],
         cwd=path,
         capture_output=True,
         text=True,

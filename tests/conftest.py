@@ -39,6 +39,21 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One uv package cache for the whole run: environments download each package once.
+
+    Set in os.environ, so the merlin processes that end-to-end tests start inherit it.
+    """
+    previous = os.environ.get("MERLIN_UV_CACHE_DIR")
+    os.environ["MERLIN_UV_CACHE_DIR"] = str(tmp_path_factory.mktemp("uv-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("MERLIN_UV_CACHE_DIR", None)
+    else:
+        os.environ["MERLIN_UV_CACHE_DIR"] = previous
+
+
 @pytest.fixture
 def merlin_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty MERLIN_HOME for this test, with embedded database and broker."""

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -44,6 +44,8 @@ STATUS_ICON = {
     "Skipped": "⤼",
 }
 RECENT_EVENTS = 6
+FAILURE_LINES = 8
+"""Lines of a failed exit command's output shown under the steps table."""
 LOG_TOOL_LINES = 20
 ATTEMPT_STYLE = {"passed": "green", "failed": "red", "error": "red", "cancelled": "magenta"}
 
@@ -70,7 +72,35 @@ def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
     return text
 
 
-def steps_table(view: dict[str, Any]) -> Table:
+def steps_table(view: dict[str, Any]) -> RenderableType:
+    """The steps table, and the output of the exit commands that failed last."""
+    notes = failure_notes(view)
+    return Group(_steps_table(view), notes) if notes.plain else _steps_table(view)
+
+
+def failure_notes(view: dict[str, Any]) -> Text:
+    """For each step whose latest attempt failed its exit command: the output's last lines.
+
+    Only the tail fits here; ``merlin logs JOB --step ID`` has the rest.
+    """
+    text = Text()
+    for step in view["steps"]:
+        attempts = step["attempts"]
+        last = attempts[-1] if attempts else None
+        if last is None or last["status"] not in ("failed", "error") or not last["exit_code"]:
+            continue
+        lines = (last["output_tail"] or "").rstrip().splitlines()[-FAILURE_LINES:]
+        text.append(
+            f"\n{step['id']}: `{step['exit_command']}` exited with code {last['exit_code']} "
+            f"(attempt {last['number']}, tier {last['tier']}); last lines:\n",
+            style="red",
+        )
+        text.append("".join(f"  {line}\n" for line in lines), style="dim")
+        text.append(f"  all of it: merlin logs {view['id']} --step {step['id']}\n")
+    return text
+
+
+def _steps_table(view: dict[str, Any]) -> Table:
     """One row per step: status, current tier, attempts with their tiers and exit codes."""
     status = view["status"]
     title = (

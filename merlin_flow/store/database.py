@@ -3,6 +3,10 @@
 SQLite (the default, at ``$MERLIN_HOME/merlin.db``) runs in WAL mode with a busy timeout
 so that several worker processes can share it; it is upgraded automatically on first use.
 Any other database must be upgraded explicitly with ``merlin db upgrade``.
+
+Every session redacts the worker's secrets (see :mod:`merlin_flow.redaction`) from the
+text and JSON values it is about to write, so no call site has to. Bulk ``update()``
+statements do not go through a flush and are not covered.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.attributes import instance_state
 
 from merlin_flow.errors import StoreError
+from merlin_flow.redaction import Redactor, current_redactor
 from merlin_flow.resources import resource_dir
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -45,6 +51,8 @@ class Database:
         self._readers = sessionmaker(
             self.engine.execution_options(merlin_read_only=True), expire_on_commit=False
         )
+        for factory in (self._sessions, self._readers):
+            event.listen(factory, "before_flush", _redact_before_flush)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -61,6 +69,39 @@ class Database:
     def dispose(self) -> None:
         """Close pooled connections (call after fork, and when done)."""
         self.engine.dispose()
+
+
+def _redact_before_flush(session: Session, _context: Any, _instances: Any) -> None:
+    """Redact secrets from what this flush writes: new rows whole, changed columns of others."""
+    redactor = current_redactor()
+    if not redactor:
+        return
+    for obj in session.new:
+        _redact_object(redactor, obj, changed_only=False)
+    for obj in session.dirty:
+        _redact_object(redactor, obj, changed_only=True)
+
+
+def _redact_object(redactor: Redactor, obj: object, *, changed_only: bool) -> None:
+    """Redact the loaded str and JSON column values of ``obj``, assigning only changes.
+
+    With ``changed_only`` only the columns modified since load are looked at: the others
+    are not written by this flush (and rewriting them could undo a concurrent update).
+    """
+    state = instance_state(obj)
+    columns = state.mapper.column_attrs
+    keys = [key for key in state.committed_state if key in columns] if changed_only else None
+    loaded = state.dict
+    for key in columns.keys() if keys is None else keys:
+        value = loaded.get(key)
+        if isinstance(value, str):
+            redacted: Any = redactor.redact(value)
+        elif isinstance(value, dict | list):
+            redacted = redactor.redact_json(value)
+        else:
+            continue
+        if redacted is not value:
+            setattr(obj, key, redacted)
 
 
 def _engine_options(url: str) -> dict[str, Any]:

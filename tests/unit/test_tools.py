@@ -390,8 +390,14 @@ def test_run_command_runs_in_the_worktree(world: World, tmp_path: Path) -> None:
     reply = world.box.call("run_command", {"command": "pwd -P; ls"})
     lines = reply.splitlines()
     assert lines[0] == "exit code: 0"
-    assert lines[1] == str(world.root)
+    assert lines[1] == "/workspace"  # the worktree, as the sandbox shows it
     assert "a.txt" in lines
+
+
+def test_run_command_cannot_read_outside_the_worktree(world: World) -> None:
+    reply = world.box.call("run_command", {"command": f"cat {world.secret}"})
+    assert not reply.startswith("exit code: 0")
+    assert world.secret.read_text() not in reply
 
 
 def test_run_command_environment(world: World) -> None:

@@ -1,0 +1,260 @@
+"""Where a step's commands run: a bubblewrap sandbox that holds no secret.
+
+Every ``run_command`` tool call, every exit command and every environment setup runs
+through ``run_confined``. With ``[sandbox] mode = "bwrap"`` (the default) the command
+sees:
+
+- the system (``/usr``, ``/etc`` less its password files) read-only, a private ``/tmp``,
+  its own ``/proc`` and PID namespace, and no network unless ``[sandbox] network``;
+- the attempt's worktree read-write at ``/workspace`` (its ``.git`` pointer read-only),
+  and the project's environment read-only at ``/merlin/env`` (writable during setup);
+- an environment built from an allowlist: never the worker's keys, tokens or URLs.
+
+Nothing of the user's home, ``MERLIN_HOME``, other worktrees or the repository's git
+directory is mounted. The sandbox dies with its parent and is killed whole on timeout.
+
+``mode = "none"`` runs the same commands directly, as the worker's user, with the same
+allowlisted environment; it is for machines without bubblewrap and is warned about.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from merlin_flow.config import Sandbox, SandboxMode
+from merlin_flow.errors import SandboxUnavailable
+from merlin_flow.process import OUTPUT_TAIL_CHARS, CommandResult, ResourceLimits, run_command
+
+WORKSPACE = "/workspace"
+"""Where the attempt's worktree is seen by sandboxed commands."""
+ENV_DIR = "/merlin/env"
+"""Where the project's environment is seen by sandboxed commands (and built by setup)."""
+SANDBOX_HOME = "/tmp/home"
+"""HOME inside the sandbox: an empty folder in the private /tmp."""
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+ALLOWED_ENV = (
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    # Where the system's CA certificates are: paths, never secrets.
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "NODE_EXTRA_CA_CERTS",
+)
+"""The worker's variables a command may see, besides `[sandbox] pass_env`."""
+NETWORK_ENV = (
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "UV_INDEX_URL",
+    "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_INDEX",
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "NPM_CONFIG_REGISTRY",
+)
+"""Proxy and package-index variables, passed to commands that have the network, unless
+they carry credentials (a URL with a password or token)."""
+MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
+MASKED_DIRS = ("/etc/ssl/private", "/etc/sudoers.d")
+TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """What one command may see besides the system: its worktree, environment, mounts."""
+
+    worktree: Path
+    """The host folder seen as the working directory (``/workspace`` in the sandbox)."""
+    env_dir: Path | None = None
+    """The project's environment (``/merlin/env``), or None when there is none."""
+    env_writable: bool = False
+    """True during setup only: the environment is being built."""
+    network: bool = False
+    """Whether the command may use the network."""
+    read_only: tuple[Path, ...] = ()
+    """More host folders bound read-only at their own paths (a Python installation...)."""
+    writable: tuple[tuple[Path, str], ...] = ()
+    """Host folders bound read-write, each at a path inside (a package cache in setup)."""
+    path: tuple[str, ...] = ()
+    """Folders put first on PATH, as the command sees them."""
+    variables: Mapping[str, str] = field(default_factory=dict)
+    """Variables set for the command, after the allowlist."""
+
+    def inside(self, config: Sandbox) -> tuple[str, str | None]:
+        """The worktree's and the environment's paths as the command sees them."""
+        if config.mode is SandboxMode.BWRAP:
+            return WORKSPACE, ENV_DIR if self.env_dir is not None else None
+        return str(self.worktree), str(self.env_dir) if self.env_dir is not None else None
+
+
+def run_confined(
+    argv: Sequence[str],
+    confinement: Confinement,
+    config: Sandbox,
+    timeout: float,
+    tail_chars: int = OUTPUT_TAIL_CHARS,
+) -> CommandResult:
+    """Run ``argv`` in the worktree, confined as ``config`` says; see the module doc."""
+    limits = ResourceLimits(
+        file_size=config.max_file_size_mb * 2**20 if config.max_file_size_mb else None,
+        memory=config.max_memory_mb * 2**20 if config.max_memory_mb else None,
+    )
+    env = command_environment(confinement, config)
+    if config.mode is SandboxMode.NONE:
+        return run_command(argv, confinement.worktree, timeout, env, tail_chars, limits)
+    problem = sandbox_problem()
+    if problem:
+        raise SandboxUnavailable(problem)
+    wrapped = [*bwrap_arguments(confinement, env), "--", *argv]
+    # bwrap itself needs no variable: the command's are given with --setenv.
+    return run_command(wrapped, confinement.worktree, timeout, {}, tail_chars, limits)
+
+
+def command_environment(confinement: Confinement, config: Sandbox) -> dict[str, str]:
+    """The variables a command sees: the allowlist, `pass_env` and merlin's own."""
+    workspace, env_dir = confinement.inside(config)
+    names = (*ALLOWED_ENV, *config.pass_env)
+    env = {name: os.environ[name] for name in names if name in os.environ}
+    if confinement.network:
+        env.update(
+            (name, os.environ[name])
+            for name in NETWORK_ENV
+            if name in os.environ and not _has_credentials(os.environ[name])
+        )
+    env.setdefault("LANG", "C.UTF-8")
+    path = list(confinement.path)
+    if env_dir is not None:
+        path.append(f"{env_dir}/bin")
+        env["VIRTUAL_ENV"] = env_dir
+        env["MERLIN_ENV"] = env_dir
+    env.update(
+        {
+            "PATH": ":".join([*path, SYSTEM_PATH]),
+            "HOME": SANDBOX_HOME if config.mode is SandboxMode.BWRAP else str(Path.home()),
+            "TMPDIR": "/tmp",
+            "TERM": "dumb",  # no terminal: output goes to a file
+            "MERLIN_WORKSPACE": workspace,
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
+    if config.mode is SandboxMode.NONE:
+        # No fixed path without a mount namespace: the worktree's own code is put ahead of
+        # an editable install (which points at the setup's checkout).
+        roots = [str(confinement.worktree / "src"), str(confinement.worktree)]
+        env["PYTHONPATH"] = ":".join(r for r in roots if Path(r).is_dir())
+        env.pop("TMPDIR")
+    env.update(confinement.variables)
+    return env
+
+
+def _has_credentials(value: str) -> bool:
+    """True when ``value`` holds a URL with a user or password (``scheme://user@host``)."""
+    return any("@" in part.split("/", 1)[0] for part in value.split("://")[1:])
+
+
+def bwrap_arguments(confinement: Confinement, env: Mapping[str, str]) -> list[str]:
+    """The bubblewrap command line (without the command) for ``confinement``."""
+    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
+    if confinement.network:
+        args.append("--share-net")
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in TOP_LEVEL:
+        host = Path("/") / name
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), str(host)]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), str(host)]
+    args += ["--ro-bind", "/etc", "/etc"]
+    if confinement.network:
+        resolv = Path("/etc/resolv.conf")
+        if resolv.is_symlink():  # often into /run, which is not mounted
+            args += ["--ro-bind-try", str(resolv.resolve()), str(resolv.resolve())]
+    args += [arg for f in MASKED_FILES if Path(f).exists() for arg in ("--ro-bind", "/dev/null", f)]
+    args += [arg for d in MASKED_DIRS if Path(d).is_dir() for arg in ("--tmpfs", d)]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", SANDBOX_HOME]
+    for folder in confinement.read_only:
+        args += ["--ro-bind", str(folder), str(folder)]
+    for host_path, inside in confinement.writable:
+        args += ["--bind", str(host_path), inside]
+    args += ["--bind", str(confinement.worktree), WORKSPACE]
+    git_pointer = confinement.worktree / ".git"
+    if git_pointer.exists():  # merlin commits by it, outside: never let a command redirect it
+        args += ["--ro-bind", str(git_pointer), f"{WORKSPACE}/.git"]
+    if confinement.env_dir is not None:
+        bind = "--bind" if confinement.env_writable else "--ro-bind"
+        args += [bind, str(confinement.env_dir), ENV_DIR]
+    args += ["--chdir", WORKSPACE, "--clearenv"]
+    for name, value in env.items():
+        args += ["--setenv", name, value]
+    return args
+
+
+@functools.cache
+def sandbox_problem() -> str | None:
+    """Why bubblewrap cannot be used on this machine, or None when it works.
+
+    It is tried once per process: found on PATH, and able to start a command with every
+    namespace unshared (user namespaces can be off in containers).
+    """
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return (
+            "bubblewrap (bwrap) is not installed: install it (Debian/Ubuntu: "
+            "`apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`), or set "
+            '`[sandbox] mode = "none"` in merlin.toml to run step commands unconfined'
+        )
+    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"]
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bubblewrap ({bwrap}) could not be started: {exc}"
+    if proc.returncode != 0:
+        return (
+            f"bubblewrap ({bwrap}) cannot create a sandbox here: {proc.stderr.strip()} "
+            "(user namespaces may be disabled: see docs/security.md)"
+        )
+    return None
+
+
+def check_sandbox(config: Sandbox) -> None:
+    """Raise SandboxUnavailable when ``config`` asks for a sandbox this machine lacks."""
+    if config.mode is SandboxMode.BWRAP:
+        problem = sandbox_problem()
+        if problem:
+            raise SandboxUnavailable(problem)
+
+
+def python_mounts(venv: Path | None) -> tuple[Path, ...]:
+    """Folders a Python environment needs bound read-only at their own paths.
+
+    For ``venv`` (a built environment, bound elsewhere) its base installation; for None,
+    merlin's own environment and its base installation. Folders under /usr are bound
+    with the system already.
+    """
+    folders = [Path(sys.prefix), Path(sys.base_prefix)] if venv is None else []
+    cfg = (venv or Path(sys.prefix)) / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                folders.append(Path(value.strip()).parent)
+    mounts: list[Path] = []
+    for folder in (f.resolve() for f in folders):
+        if not folder.is_relative_to("/usr") and folder not in mounts:
+            mounts.append(folder)
+    return tuple(mounts)

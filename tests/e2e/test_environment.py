@@ -1,0 +1,149 @@
+"""A src-layout project installed editable by the default setup, verified on the attempt's code.
+
+The project's tests import a package merlin does not depend on (``inflection``), so they
+pass only in the project's own environment (built by uv from its test extra, with the
+network, once). A correct change passes; a change that breaks the tests fails
+verification and escalates, which it could not if the editable install resolved to the
+user's unchanged checkout. The user's checkout is untouched, and the second job reuses
+the first job's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import git, make_repo
+from tests.e2e.helpers import merlin, merlin_env, write_job_files
+
+pytestmark = pytest.mark.e2e
+
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "slugkit"
+version = "0.1.0"
+requires-python = ">=3.9"
+
+[project.optional-dependencies]
+test = ["pytest", "inflection"]
+"""
+INIT = 'def shout(text):\n    return text.upper() + "!"\n'
+TESTS = """\
+import inflection
+
+from slugkit import shout
+
+
+def test_shout():
+    assert shout("hi") == "HI!"
+
+
+def test_shout_of_a_title():
+    assert shout(inflection.titleize("hello_world")) == "HELLO WORLD!"
+"""
+WHISPER_TEST = """\
+import inflection
+
+from slugkit.whisper import whisper
+
+
+def test_whisper():
+    assert whisper(inflection.humanize("LOUD_VOICE")) == "loud voice..."
+"""
+LOCAL = """\
+rules:
+  - match: 'Step whisper \\('
+    turn: 0
+    reply:
+      tool_calls:
+        - name: write_file
+          arguments:
+            path: src/slugkit/whisper.py
+            content: "def whisper(text):\\n    return text.lower() + '...'\\n"
+        - name: write_file
+          arguments: {path: tests/test_whisper.py, content: WHISPER_TEST}
+        - name: run_command
+          arguments:
+            command: "python -c 'import inflection, slugkit; print(\\"FROM\\", slugkit.__file__)'"
+  - match: 'Step whisper \\('
+    reply: {content: "whisper() added"}
+  - match: 'Step break \\('
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: src/slugkit/__init__.py, old: 'return text.upper() + "!"',
+                      new: 'return b""'}
+  - match: 'Step break \\('
+    reply: {content: "simplified shout()"}
+"""
+TASKLIST = """\
+title: TITLE
+steps:
+  - id: STEP
+    step_type: Feature
+    description: DESCRIPTION
+"""
+
+
+def test_default_setup_editable_install_tests_the_attempts_code(tmp_path: Path) -> None:
+    repo = make_repo(
+        tmp_path / "slugkit",
+        {
+            "pyproject.toml": PYPROJECT,
+            "src/slugkit/__init__.py": INIT,
+            "tests/test_shout.py": TESTS,
+        },
+    )
+    head = git(repo, "rev-parse", "HEAD")
+    home = tmp_path / "home"
+    env = merlin_env(home)
+    local = LOCAL.replace("WHISPER_TEST", json.dumps(WHISPER_TEST))
+    _, config = write_job_files(tmp_path / "job", local=local, premium=local)
+
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        TASKLIST.replace("TITLE", "Add whisper")
+        .replace("STEP", "whisper")
+        .replace("DESCRIPTION", "add slugkit.whisper.whisper() with a test")
+    )
+    result = merlin(env, "run", str(good), "--repo", str(repo), "--config", str(config), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    view = json.loads(result.stdout)
+    assert view["status"] == "completed"
+    logs = merlin(env, "logs", view["id"], "--step", "whisper").stdout
+    assert "FROM /workspace/src/slugkit/__init__.py" in logs  # the attempt's own code
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        TASKLIST.replace("TITLE", "Simplify shout")
+        .replace("STEP", "break")
+        .replace("DESCRIPTION", "simplify shout()")
+    )
+    result = merlin(env, "run", str(bad), "--repo", str(repo), "--config", str(config), "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    view = json.loads(result.stdout)
+    assert view["status"] == "failed"
+    (step,) = view["steps"]
+    attempts = [(a["kind"], a["tier"], a["exit_code"]) for a in step["attempts"]]
+    assert attempts[0] == ("execute", "local", 1)
+    assert ("escalate", "premium", 1) in attempts
+
+    # One environment for both jobs: setup ran once.
+    with sqlite3.connect(home / "merlin.db") as conn:
+        built = conn.execute("SELECT count(*) FROM events WHERE kind = 'environment_built'")
+        assert built.fetchone()[0] == 1
+    envs = [p for p in (home / "envs").iterdir() if p.is_dir()]
+    assert len(envs) == 1
+
+    # The user's checkout: same HEAD, same files, nothing new.
+    assert git(repo, "rev-parse", "HEAD") == head
+    assert git(repo, "status", "--porcelain") == ""
+    assert (repo / "src/slugkit/__init__.py").read_text() == INIT
