@@ -73,6 +73,10 @@ MARKER_FILE = ".merlin-env.json"
 OVERLAY_DIR = ".merlin-workspace"
 """Files setup generated in the (git-ignored) project tree, copied into every worktree."""
 OVERLAY_MAX_BYTES = 20 * 2**20
+OVERLAY_SKIPPED = frozenset(
+    {"__pycache__", "node_modules", ".venv", "venv", ".tox", ".nox", "target", "dist"}
+)
+"""Folders of generated files that are environments or build output, not project files."""
 SETUP_OUTPUT_LINES = 40
 UV_CACHE_INSIDE = "/merlin/cache/uv"
 
@@ -310,13 +314,16 @@ def _keep_generated_files(checkout: Path, overlay: Path) -> list[str]:
             continue
         relative = entry[3:]
         source = checkout / relative
-        if "__pycache__" in source.parts or source.suffix in (".pyc", ".pyo"):
+        if set(source.relative_to(checkout).parts) & OVERLAY_SKIPPED or source.suffix in (
+            ".pyc",
+            ".pyo",
+        ):
             continue
         if not source.is_file() or source.is_symlink():
             continue
         total += source.stat().st_size
         if total > OVERLAY_MAX_BYTES:
-            break
+            continue  # the rest is too big to copy into every worktree
         target = overlay / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, target)

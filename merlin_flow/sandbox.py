@@ -139,7 +139,8 @@ def command_environment(confinement: Confinement, config: Sandbox) -> dict[str, 
     env.setdefault("LANG", "C.UTF-8")
     path = list(confinement.path)
     if env_dir is not None:
-        path.append(f"{env_dir}/bin")
+        path += [f"{env_dir}/bin", f"{env_dir}/node_modules/.bin"]
+        env["NODE_PATH"] = f"{env_dir}/node_modules"
         env["VIRTUAL_ENV"] = env_dir
         env["MERLIN_ENV"] = env_dir
     env.update(

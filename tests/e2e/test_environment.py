@@ -147,3 +147,26 @@ def test_default_setup_editable_install_tests_the_attempts_code(tmp_path: Path) 
     assert git(repo, "rev-parse", "HEAD") == head
     assert git(repo, "status", "--porcelain") == ""
     assert (repo / "src/slugkit/__init__.py").read_text() == INIT
+
+
+def test_a_failing_setup_fails_the_job_once_with_its_output(tmp_path: Path, py_repo: Path) -> None:
+    env = merlin_env(tmp_path / "home")
+    tasklist, config = write_job_files(tmp_path / "job")
+    with config.open("a") as handle:
+        handle.write(
+            "\n[environment]\nsetup = [\"echo resolving; echo 'no matching distribution: frob' >&2;"
+            ' exit 3"]\n'
+        )
+    result = merlin(
+        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    view = json.loads(result.stdout)
+    assert view["status"] == "failed"
+    assert "environment setup failed" in view["error"]
+    assert "no matching distribution: frob" in view["error"]
+    first, *rest = view["steps"]
+    assert len(first["attempts"]) == 1  # the job failed once, not once per attempt
+    assert all(step["status"] == "Skipped" for step in rest)
+    assert not [p for p in (tmp_path / "home" / "envs").iterdir() if p.is_dir()]
