@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from merlin_flow.config import Limits, Tier
-from merlin_flow.errors import AgentError, BudgetExceeded
-from merlin_flow.escalation import Action, Failure, classify, decide
+from merlin_flow.errors import AgentError, BudgetExceeded, ModelUnreachable
+from merlin_flow.escalation import (
+    MODEL_UNREACHABLE,
+    Action,
+    Failure,
+    FailureKind,
+    classify,
+    decide,
+)
 from merlin_flow.llm import Completion, complete
 from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
 
@@ -132,6 +139,10 @@ def _call(
                 continue
             if decision.action is Action.STOP_JOB:
                 raise BudgetExceeded(failure.reason) from None
+            if failure.kind is FailureKind.ACCESS:
+                raise ModelUnreachable(
+                    f"{MODEL_UNREACHABLE}tier {tier.name!r} ({tier.model}): {failure.reason}"
+                ) from None
             after = f" after {retries} retries" if retries else ""
             raise AgentError(
                 f"model call failed on tier {tier.name!r}{after}: {_short(exc)}"

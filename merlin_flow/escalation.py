@@ -8,6 +8,8 @@ Failures come in three kinds (``classify``):
 - capability (verification failed, turn limit, tool errors, unparseable output, no
   scripted reply): ``fix_attempts`` fixes on the same tier, then the next tier from the
   step's base commit with the failures as feedback; after the last tier the step fails;
+- access (no key, a bad login, a model that does not exist): never retried and never
+  fixed; the step goes straight to the next tier, or fails naming what is missing;
 - budget: neither; the job stops.
 
 ``decide`` is the only function that turns a failure into an action.
@@ -40,6 +42,11 @@ TRANSIENT_ERRORS = frozenset(
     }
 )
 BUDGET_ERRORS = frozenset({"BudgetExceededError", "BudgetExceeded"})
+ACCESS_ERRORS = frozenset(
+    {"AuthenticationError", "PermissionDeniedError", "NotFoundError", "PaymentRequiredError"}
+)
+MODEL_UNREACHABLE = "model unreachable: "
+"""How the error of an attempt that could not use its model starts (see ``failure_of``)."""
 
 
 class AttemptKind(StrEnum):
@@ -58,6 +65,7 @@ class FailureKind(StrEnum):
 
     TRANSIENT = "transient"
     CAPABILITY = "capability"
+    ACCESS = "access"
     BUDGET = "budget"
 
 
@@ -114,6 +122,8 @@ def classify(exc: BaseException) -> FailureKind:
     names = {cls.__name__ for cls in type(exc).__mro__}
     if names & BUDGET_ERRORS:
         return FailureKind.BUDGET
+    if names & ACCESS_ERRORS:
+        return FailureKind.ACCESS
     if names & TRANSIENT_ERRORS:
         return FailureKind.TRANSIENT
     return FailureKind.CAPABILITY
@@ -142,6 +152,10 @@ def decide(
             delay = limits.retry_base_delay * 2**call_retries
             return Decision(Action.RETRY_CALL, tier_index, failure.reason, delay)
         return Decision(Action.END_ATTEMPT, tier_index, failure.reason)
+    if failure.kind is FailureKind.ACCESS:  # another try on this tier cannot do better
+        if next_tier is not None:
+            return Decision(Action.ESCALATE, next_tier, failure.reason)
+        return Decision(Action.FAIL_STEP, tier_index, failure.reason)
     fixes = 0
     for attempt in reversed(attempts):
         if attempt.kind != AttemptKind.FIX:
@@ -152,6 +166,14 @@ def decide(
     if next_tier is not None:
         return Decision(Action.ESCALATE, next_tier, failure.reason)
     return Decision(Action.FAIL_STEP, tier_index, failure.reason)
+
+
+def failure_of(attempt: Attempt) -> Failure:
+    """The failure a failed attempt stands for: an unusable model, or a capability one."""
+    reason = failure_reason(attempt)
+    if (attempt.error or "").startswith(MODEL_UNREACHABLE):
+        return Failure(FailureKind.ACCESS, reason)
+    return Failure(FailureKind.CAPABILITY, reason)
 
 
 def failure_reason(attempt: Attempt) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from merlin_flow.agent import StepBrief, first_messages, run_agent
 from merlin_flow.budget import BudgetGuard
 from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.credentials import tier_access
 from merlin_flow.environment import (
     BuiltEnvironment,
     ensure_environment,
@@ -32,17 +33,18 @@ from merlin_flow.errors import (
     GitError,
     JobCancelled,
     LeaseLost,
+    ModelUnreachable,
     RemoteUnavailable,
     SandboxUnavailable,
     SetupFailed,
 )
 from merlin_flow.escalation import (
+    MODEL_UNREACHABLE,
     Action,
     AttemptKind,
     Decision,
-    Failure,
-    FailureKind,
     decide,
+    failure_of,
     failure_reason,
     feedback_for,
 )
@@ -217,6 +219,10 @@ def _run_attempt(
         summary, error, turns = "", None, 0
         transcript: list[dict[str, Any]] = []
         try:
+            # A live tier with no key or no server fails at once, with no call made.
+            problem = None if plan.source else tier_access(tier)
+            if problem:
+                raise ModelUnreachable(MODEL_UNREACHABLE + problem)
             result = run_agent(
                 tier,
                 brief,
@@ -673,7 +679,7 @@ def _plan_next(
     """
     job_id, step_id, token = verdict.job_id, verdict.step_id, verdict.token
     nxt = decide(
-        Failure(FailureKind.CAPABILITY, failure_reason(attempt)),
+        failure_of(attempt),
         attempts=list(step.attempts),
         tier_index=step.tier_index,
         next_tier=config.next_tier(step.tier_index, StepType(step.step_type)),

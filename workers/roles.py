@@ -88,3 +88,24 @@ class EmbeddedWorker:
             # The worker may be in a task of another job that shares the broker: let it
             # finish that task (a second Ctrl-C abandons it to the recovery sweep).
             self._thread.join()
+
+
+def broker_report(app: Celery, timeout: float = 2.0) -> tuple[str | None, dict[str, int] | None]:
+    """Whether the broker answers (None, or why not), and the workers consuming each queue.
+
+    The embedded SQL broker has no remote control: the worker counts are None there.
+    """
+    try:
+        with app.connection_for_read() as connection:
+            connection.ensure_connection(max_retries=1, timeout=timeout)
+    except Exception as exc:  # kombu raises its own and the transport's errors
+        return f"{type(exc).__name__}: {exc}", None
+    if app.conf.broker_url.startswith("sqla+"):
+        return None, None
+    replies = app.control.inspect(timeout=timeout).active_queues() or {}
+    counts = dict.fromkeys(ALL_QUEUES, 0)
+    for queues in replies.values():
+        for queue in queues:
+            if queue.get("name") in counts:
+                counts[queue["name"]] += 1
+    return None, counts

@@ -84,9 +84,16 @@ def _state() -> tuple[Settings, Database]:
 
 
 def _prepare(
-    tasklist_path: Path, repo: str, config_path: Path | None, budget: float | None
+    tasklist_path: Path,
+    repo: str,
+    config_path: Path | None,
+    budget: float | None,
+    local: bool = False,
 ) -> tuple[Any, ...]:
-    """Validate input and create the job; nothing is enqueued yet."""
+    """Validate input and create the job; nothing is enqueued yet.
+
+    ``local``: this process works the job, so its sandbox must run here.
+    """
     from merlin_flow.config import load_config, scripts_inside
     from merlin_flow.jobs import create_job, default_exit_commands
     from merlin_flow.repository import refusals_as_input_errors, repository_for_input
@@ -108,10 +115,26 @@ def _prepare(
                 "and workers do not read files from a git URL's checkout: give --config"
             )
         commands = default_exit_commands(tasklist, config, files)
+    _check_runnable(config)
+    if local:
+        from merlin_flow.sandbox import check_sandbox
+
+        check_sandbox(config.sandbox)
     job_id = create_job(
         db, settings, tasklist, source, config, budget, base_commit=base, exit_commands=commands
     )
     return settings, db, job_id
+
+
+def _check_runnable(config: Any) -> None:
+    """Refuse a job no attempt could do; warn when its commands run unconfined."""
+    from merlin_flow.config import SandboxMode
+    from merlin_flow.credentials import require_a_usable_tier
+    from merlin_flow.execution import SANDBOX_OFF_WARNING
+
+    require_a_usable_tier(config)
+    if config.sandbox.mode is SandboxMode.NONE:
+        err_console.print(f"[yellow]{escape(SANDBOX_OFF_WARNING)}[/]", highlight=False)
 
 
 def check_report_paths(*paths: Path | None) -> None:
@@ -206,7 +229,7 @@ def run(
 
     def work() -> None:
         check_report_paths(junit, patch)
-        _settings, db, job_id = _prepare(tasklist, repo, config, budget)
+        _settings, db, job_id = _prepare(tasklist, repo, config, budget, local=True)
         _run_embedded(db, job_id, as_json, until=lambda: _finish(db, job_id, as_json, junit, patch))
 
     _guarded(work)
@@ -288,11 +311,34 @@ def worker(
         ),
     ] = "prefork",
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    sandbox: Annotated[
+        str,
+        typer.Option(
+            "--sandbox",
+            help="bwrap (refuse to start without bubblewrap) or none: serve only jobs with "
+            '[sandbox] mode = "none".',
+        ),
+    ] = "bwrap",
 ) -> None:
     """Run a Celery worker for merlin's queues."""
     import uuid
 
+    from merlin_flow.sandbox import sandbox_problem
     from workers.app import app as celery_app
+
+    if sandbox not in ("bwrap", "none"):
+        err_console.print(f"[red]error:[/] unknown --sandbox {sandbox!r}: use bwrap or none")
+        raise typer.Exit(2)
+    problem = sandbox_problem() if sandbox == "bwrap" else None
+    if problem:
+        err_console.print(f"[red]error:[/] {escape(problem)}", highlight=False)
+        err_console.print("start it with --sandbox none to serve only unsandboxed jobs")
+        raise typer.Exit(2)
+    if sandbox == "none":
+        err_console.print(
+            "[yellow]warning: this worker has no sandbox; a job that asks for bwrap fails "
+            "on it with the reason[/]"
+        )
 
     argv = [
         "worker",
@@ -477,6 +523,47 @@ def db_upgrade() -> None:
         console.print(f"database at revision {current_revision(db)}: {db.engine.url!r}")
 
     _guarded(work)
+
+
+@app.command()
+def doctor(
+    repo: Annotated[
+        Path | None, typer.Option("--repo", help="Also plan this repository's environment.")
+    ] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check that jobs can run here: sandbox, tiers, database, broker, workers, environment.
+
+    Exits 0 when no check fails (warnings allowed), 1 otherwise.
+    """
+
+    def work() -> int:
+        from rich.table import Table
+        from rich.text import Text
+
+        from merlin_flow.config import load_config
+        from merlin_flow.doctor import Verdict, run_checks
+        from merlin_flow.settings import get_settings
+        from merlin_flow.workspace import find_repository
+
+        top = find_repository(repo) if repo is not None else None
+        checks = run_checks(get_settings(), load_config(top, config), top)
+        failed = any(check.verdict is Verdict.FAIL for check in checks)
+        if as_json:
+            console.print_json(json.dumps([check.as_dict() for check in checks]))
+            return 1 if failed else 0
+        table = Table(title="merlin doctor", title_justify="left")
+        for column in ("check", "", "found", "fix"):
+            table.add_column(column, overflow="fold")
+        style = {Verdict.OK: "green", Verdict.WARN: "yellow", Verdict.FAIL: "red"}
+        for check in checks:
+            verdict = Text(check.verdict.value, style=style[check.verdict])
+            table.add_row(check.name, verdict, Text(check.detail), Text(check.fix or ""))
+        console.print(table)
+        return 1 if failed else 0
+
+    raise typer.Exit(_guarded(work))
 
 
 @app.command()
