@@ -72,6 +72,24 @@ CASES = {
         ("carries credentials", "credential helper"),
         repo="password",
     ),
+    "no-tier-has-credentials-or-server": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("no configured tier can be used", "ANTHROPIC_API_KEY", "127.0.0.1:9"),
+        config=(
+            '[[tiers]]\nname = "cheap"\nmodel = "ollama_chat/none"\n'
+            '[[tiers]]\nname = "dear"\nmodel = "anthropic/claude-sonnet-4-5"\n'
+        ),
+    ),
+    "unknown-sandbox-mode": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("sandbox.mode", "'bwrap' or 'none'"),
+        config=MERLIN_TOML + '[sandbox]\nmode = "docker"\n',
+    ),
+    "secret-in-pass-env": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("pass_env", "OPENAI_API_KEY"),
+        config=MERLIN_TOML + '[sandbox]\npass_env = ["OPENAI_API_KEY"]\n',
+    ),
     "url-whose-merlin-toml-names-scripts-inside-it": Case(
         "title: x\nsteps:\n" + GOOD_STEP,
         ("scripted models by paths inside", "--config"),
@@ -160,6 +178,8 @@ def test_bad_input_is_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     case = CASES[case_name]
+    monkeypatch.setenv("OLLAMA_API_BASE", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     # git must not find an enclosing repository above the plain folder
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     tasklist = tmp_path / "tasklist.yaml"
@@ -252,3 +272,21 @@ def test_costs_since_with_no_jobs(merlin_home: Path) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert (report["jobs"], report["total"]["calls"], report["tiers"]) == (0, 0, [])
+
+
+def test_worker_refuses_to_start_without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    import merlin_flow.sandbox
+
+    monkeypatch.setattr(merlin_flow.sandbox, "sandbox_problem", lambda: "bwrap is not here")
+    started: list[list[str]] = []
+    import workers.app
+
+    monkeypatch.setattr(workers.app.app, "worker_main", started.append)
+    refused = CliRunner().invoke(app, ["worker"])
+    assert refused.exit_code == 2, refused.output
+    assert "bwrap is not here" in refused.output
+    assert started == []
+    allowed = CliRunner().invoke(app, ["worker", "--sandbox", "none"])
+    assert allowed.exit_code == 0, allowed.output
+    assert "no sandbox" in allowed.output
+    assert len(started) == 1

@@ -10,6 +10,7 @@ import pytest
 from merlin_flow.config import Limits
 from merlin_flow.escalation import (
     FEEDBACK_CHARS,
+    MODEL_UNREACHABLE,
     Action,
     AttemptKind,
     Decision,
@@ -17,6 +18,7 @@ from merlin_flow.escalation import (
     FailureKind,
     classify,
     decide,
+    failure_of,
     failure_reason,
     feedback_for,
 )
@@ -181,6 +183,12 @@ def test_escalate_ignores_attempts_that_did_not_fail() -> None:
     assert "REAL-FAILURE" in text
 
 
+def _response(status: int) -> Any:
+    import httpx
+
+    return httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1/v1"))
+
+
 def _litellm_errors() -> Any:
     import litellm
 
@@ -193,7 +201,9 @@ def _litellm_errors() -> Any:
         (litellm.ServiceUnavailableError(**kw), FailureKind.TRANSIENT),
         (litellm.BadGatewayError(**kw), FailureKind.TRANSIENT),
         (litellm.BadRequestError(**kw), FailureKind.CAPABILITY),
-        (litellm.AuthenticationError(**kw), FailureKind.CAPABILITY),
+        (litellm.AuthenticationError(**kw), FailureKind.ACCESS),
+        (litellm.PermissionDeniedError(**kw, response=_response(403)), FailureKind.ACCESS),
+        (litellm.NotFoundError(**kw), FailureKind.ACCESS),
         (litellm.ContextWindowExceededError(**kw), FailureKind.CAPABILITY),
         (litellm.BudgetExceededError(current_cost=2.0, max_budget=1.0), FailureKind.BUDGET),
         (ValueError("unparseable"), FailureKind.CAPABILITY),
@@ -227,3 +237,22 @@ def test_budget_stops_the_job_whatever_else_holds() -> None:
     for retries in (None, 0):
         decision = decide(failure, tier_index=0, next_tier=1, limits=Limits(), call_retries=retries)
         assert decision.action is Action.STOP_JOB
+
+
+def test_access_failures_are_never_retried_nor_fixed() -> None:
+    failure = Failure(FailureKind.ACCESS, "AuthenticationError: no key")
+    limits = Limits(fix_attempts=2, max_retry_attempts=3)
+    in_call = decide(failure, tier_index=0, next_tier=1, limits=limits, call_retries=0)
+    assert in_call.action is Action.END_ATTEMPT
+    after = decide(failure, tier_index=0, next_tier=1, limits=limits, attempts=[attempt(1, E)])
+    assert (after.action, after.tier_index) == (Action.ESCALATE, 1)  # no fix attempt first
+    last = decide(failure, tier_index=1, next_tier=None, limits=limits, attempts=[attempt(1, E)])
+    assert last.action is Action.FAIL_STEP
+
+
+def test_failure_of_recognises_an_unreachable_model() -> None:
+    error = MODEL_UNREACHABLE + "tier 'fast' (openai/x): missing credentials"
+    unreachable = attempt(1, E, status="error", exit_code=None, error=error)
+    assert failure_of(unreachable).kind is FailureKind.ACCESS
+    failed = attempt(1, E, exit_code=1)
+    assert failure_of(failed).kind is FailureKind.CAPABILITY
