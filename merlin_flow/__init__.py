@@ -29,6 +29,9 @@ _EXPORTS: dict[str, str] = {
     "Tier": "merlin_flow.config",
     "Limits": "merlin_flow.config",
     "load_config": "merlin_flow.config",
+    "Sandbox": "merlin_flow.config",
+    "SandboxMode": "merlin_flow.config",
+    "Environment": "merlin_flow.config",
     "Settings": "merlin_flow.settings",
     "get_settings": "merlin_flow.settings",
     # Jobs
@@ -41,6 +44,14 @@ _EXPORTS: dict[str, str] = {
     "job_costs": "merlin_flow.costs",
     "JobRepository": "merlin_flow.repository",
     "repository_for_input": "merlin_flow.repository",
+    # Where step commands run
+    "Confinement": "merlin_flow.sandbox",
+    "run_confined": "merlin_flow.sandbox",
+    "EnvironmentPlan": "merlin_flow.environment",
+    "plan_environment": "merlin_flow.environment",
+    "ensure_environment": "merlin_flow.environment",
+    "tier_access": "merlin_flow.credentials",
+    "Redactor": "merlin_flow.redaction",
     # Journal and replay
     "create_replay": "merlin_flow.replay",
     "ReplayReport": "merlin_flow.replay",
@@ -77,6 +88,10 @@ _EXPORTS: dict[str, str] = {
     "LeaseLost": "merlin_flow.errors",
     "ReplayDiverged": "merlin_flow.errors",
     "RemoteUnavailable": "merlin_flow.errors",
+    "SandboxUnavailable": "merlin_flow.errors",
+    "NoModelAvailable": "merlin_flow.errors",
+    "SetupFailed": "merlin_flow.errors",
+    "ModelUnreachable": "merlin_flow.errors",
 }
 
 __all__ = sorted(_EXPORTS)

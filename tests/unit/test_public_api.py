@@ -18,7 +18,10 @@ PINNED_API = {
     "load_config", "load_script", "load_tasklist", "parse_tasklist", "run_agent",
     "cancel_job", "resume_job", "job_costs", "create_replay", "ReplayReport",
     "JobCancelled", "ReplayDiverged", "RemoteUnavailable", "JobRepository",
-    "repository_for_input",
+    "repository_for_input", "Sandbox", "SandboxMode", "Environment", "Confinement",
+    "run_confined", "EnvironmentPlan", "plan_environment", "ensure_environment",
+    "tier_access", "Redactor", "SandboxUnavailable", "NoModelAvailable", "SetupFailed",
+    "ModelUnreachable",
 }  # fmt: skip
 
 
