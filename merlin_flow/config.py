@@ -231,6 +231,8 @@ def load_config(repo: Path | None = None, config_path: Path | None = None) -> Me
         source = (repo / CONFIG_FILE_NAME).resolve()
     if source is not None:
         overlay = _read_toml(source)
+        if config_path is None:
+            _refuse_sandbox_relaxation(overlay, source)
         _resolve_scripted_paths(overlay, source.parent)
         if "tiers" in overlay and "routing" not in overlay:
             data.pop("routing", None)  # the defaults' routing names the defaults' tiers
@@ -247,6 +249,30 @@ def load_config(repo: Path | None = None, config_path: Path | None = None) -> Me
         raise ConfigError(f"{where}: invalid configuration\n{problems}") from None
     check_scripted_files(config)
     return config
+
+
+def _refuse_sandbox_relaxation(overlay: dict[str, Any], source: Path) -> None:
+    """A repository's own merlin.toml may tighten the sandbox, never loosen it.
+
+    Its content is as untrusted as its code (a pull request can change it): turning the
+    sandbox off, giving steps the network or passing variables in needs a --config file.
+    """
+    sandbox = overlay.get("sandbox")
+    if not isinstance(sandbox, dict):
+        return
+    loosened = [
+        key
+        for key, value in sandbox.items()
+        if (key == "mode" and value != SandboxMode.BWRAP.value)
+        or (key == "network" and value is not False)
+        or (key == "pass_env" and value)
+    ]
+    if loosened:
+        raise ConfigError(
+            f"{source}: [sandbox] {', '.join(loosened)} would loosen the sandbox, and a "
+            "repository's own merlin.toml may not (its content is untrusted, like its code): "
+            "put these settings in a file you pass with --config"
+        )
 
 
 def check_scripted_files(config: MerlinConfig) -> None:

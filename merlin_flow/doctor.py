@@ -42,7 +42,11 @@ class Check:
 def run_checks(settings: Settings, config: MerlinConfig, repo: Path | None) -> list[Check]:
     """Every check, in the order a user would fix them."""
     checks = [sandbox_check(config)]
-    checks += [tier_check(tier.name, tier_access(tier), tier.model) for tier in config.tiers]
+    problems = {tier.name: tier_access(tier) for tier in config.tiers}
+    usable = any(problem is None for problem in problems.values())
+    checks += [
+        tier_check(tier.name, problems[tier.name], tier.model, usable) for tier in config.tiers
+    ]
     checks.append(database_check(settings))
     checks += broker_checks(settings)
     if repo is not None:
@@ -65,10 +69,15 @@ def sandbox_check(config: MerlinConfig) -> Check:
     return Check("sandbox", Verdict.OK, "bubblewrap starts a sandbox with no network")
 
 
-def tier_check(name: str, problem: str | None, model: str) -> Check:
-    """One tier: its credentials present or its server answering."""
+def tier_check(name: str, problem: str | None, model: str, another_usable: bool) -> Check:
+    """One tier: its credentials present or its server answering.
+
+    An unusable tier fails only when no tier is usable: otherwise jobs pass over it
+    (its attempts fail at once and escalate), which is worth a warning.
+    """
     if problem:
-        return Check(f"tier {name}", Verdict.FAIL, problem, "see docs/reference.md, [[tiers]]")
+        verdict = Verdict.WARN if another_usable else Verdict.FAIL
+        return Check(f"tier {name}", verdict, problem, "see docs/reference.md, [[tiers]]")
     return Check(f"tier {name}", Verdict.OK, f"{model}: credentials or server found")
 
 

@@ -109,8 +109,14 @@ class BuiltEnvironment:
     seconds: float = 0.0
 
 
-def plan_environment(git_dir: Path, commit: str, config: MerlinConfig) -> EnvironmentPlan:
-    """The environment of the repository at ``git_dir`` as of ``commit``."""
+def plan_environment(
+    git_dir: Path, commit: str, config: MerlinConfig, location: str | None = None
+) -> EnvironmentPlan:
+    """The environment of the repository at ``git_dir`` as of ``commit``.
+
+    ``location`` (the job's repository path or URL; default ``git_dir``) is part of the
+    key: two repositories never share an environment, whatever their names.
+    """
     names = _root_names(git_dir, commit)
     kind = next((k for k, markers in MARKERS if any(m in names for m in markers)), None)
     configured = config.environment.setup
@@ -124,6 +130,7 @@ def plan_environment(git_dir: Path, commit: str, config: MerlinConfig) -> Enviro
     files = _key_files(git_dir, commit, patterns, names)
     material = {
         "format": FORMAT,
+        "repository": location or str(git_dir.resolve()),
         "setup": setup,
         "version": release_version(git_dir, commit),
         "mode": config.sandbox.mode.value,
@@ -177,13 +184,14 @@ def ensure_environment(
     git_dir: Path,
     commit: str,
     repo_name: str,
+    location: str | None = None,
 ) -> BuiltEnvironment | None:
     """The environment for ``commit``, built now if no worker has built it yet.
 
     None when the project gets no environment. Raises SetupFailed with the failing
     command's output when setup fails; nothing of the failed build is kept.
     """
-    plan = plan_environment(git_dir, commit, config)
+    plan = plan_environment(git_dir, commit, config, location)
     if not plan.needed:
         return None
     slug = re.sub(r"[^A-Za-z0-9._-]", "_", repo_name)[:40] or "repo"
@@ -243,7 +251,7 @@ def _build(
             env_dir=folder,
             env_writable=True,
             network=True,
-            read_only=python_mounts(None) if tools else (),
+            read_only=_setup_mounts(tools),
             writable=((cache, UV_CACHE_INSIDE),)
             if config.sandbox.mode is SandboxMode.BWRAP
             else (),
@@ -329,6 +337,16 @@ def _keep_generated_files(checkout: Path, overlay: Path) -> list[str]:
         shutil.copy2(source, target)
         kept.append(relative)
     return kept
+
+
+def _setup_mounts(tools: tuple[str, ...]) -> tuple[Path, ...]:
+    """What setup needs bound besides the system: uv's folder and the Python it runs on."""
+    mounts = list(python_mounts(None))
+    for folder in (Path(tool).resolve() for tool in tools):
+        inside = folder.is_relative_to("/usr") or any(folder.is_relative_to(m) for m in mounts)
+        if not inside:
+            mounts.append(folder)
+    return tuple(mounts)
 
 
 @contextmanager

@@ -59,6 +59,7 @@ from merlin_flow.journal import (
 )
 from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values
 from merlin_flow.llm import Completion, complete
+from merlin_flow.process import CommandResult
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
@@ -314,7 +315,7 @@ def _environment(
     """The project's environment at ``commit``, built (and recorded) if it is new."""
     name = source.location.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
     environment = ensure_environment(
-        settings, config, source.path, commit, name.removesuffix(".git")
+        settings, config, source.path, commit, name.removesuffix(".git"), source.location
     )
     if environment is not None and environment.built:
         with db.session() as session:
@@ -517,14 +518,15 @@ def verify_step(
                 name = f"{step_key}-{number}-verify"
                 worktree = _worktree_path(settings, job_id, name, token)
                 source.have(job_id, commit)
-                environment = _environment(db, settings, config, source, job_id, step_key, commit)
                 try:
-                    add_worktree(source.path, worktree, commit)
-                    prepare_worktree(environment, worktree)
-                    confinement = step_confinement(worktree, environment, config)
-                    result = run_exit_command(command, confinement, config)
-                finally:
-                    remove_worktree(source.path, worktree)
+                    result = _verify_in_worktree(
+                        db, settings, config, source, job_id, step_key, commit, worktree, command
+                    )
+                except SetupFailed as exc:
+                    # The attempt's commit changed the files setup depends on, and setup
+                    # no longer succeeds: the attempt failed, not the job (setup passed at
+                    # the step's start commit before the attempt ran).
+                    result = CommandResult(1, str(exc), timed_out=False, duration=0.0)
                 exit_code, output, passed = result.exit_code, result.output_tail, result.ok
             else:
                 passed = status == "passed"
@@ -541,6 +543,27 @@ def verify_step(
     except (SetupFailed, SandboxUnavailable) as exc:
         fail_job(db, settings, job_id, step_key, token, str(exc))
         return Outcome.STOP
+
+
+def _verify_in_worktree(
+    db: Database,
+    settings: Settings,
+    config: MerlinConfig,
+    source: JobRepository,
+    job_id: str,
+    step_key: str,
+    commit: str,
+    worktree: Path,
+    command: str,
+) -> CommandResult:
+    """Run the exit command on ``commit``, in its environment, in a worktree of its own."""
+    environment = _environment(db, settings, config, source, job_id, step_key, commit)
+    try:
+        add_worktree(source.path, worktree, commit)
+        prepare_worktree(environment, worktree)
+        return run_exit_command(command, step_confinement(worktree, environment, config), config)
+    finally:
+        remove_worktree(source.path, worktree)
 
 
 @dataclass(frozen=True)

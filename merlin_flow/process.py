@@ -96,9 +96,9 @@ class ResourceLimits:
             options.append(f"--fsize={self.file_size}")
         if self.memory is not None:
             options.append(f"--as={self.memory}")
-        if not options:
+        prlimit = shutil.which("prlimit")
+        if not options or prlimit is None:  # util-linux is missing (macOS): no limits
             return argv
-        prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
         return [prlimit, *options, "--", *argv]
 
 

@@ -128,8 +128,12 @@ def run_confined(
 def command_environment(confinement: Confinement, config: Sandbox) -> dict[str, str]:
     """The variables a command sees: the allowlist, `pass_env` and merlin's own."""
     workspace, env_dir = confinement.inside(config)
-    names = (*ALLOWED_ENV, *config.pass_env)
-    env = {name: os.environ[name] for name in names if name in os.environ}
+    env = {name: os.environ[name] for name in ALLOWED_ENV if name in os.environ}
+    env.update(  # a URL with a password is a secret whatever its variable is called
+        (name, os.environ[name])
+        for name in config.pass_env
+        if name in os.environ and not _has_credentials(os.environ[name])
+    )
     if confinement.network:
         env.update(
             (name, os.environ[name])
@@ -137,15 +141,15 @@ def command_environment(confinement: Confinement, config: Sandbox) -> dict[str, 
             if name in os.environ and not _has_credentials(os.environ[name])
         )
     env.setdefault("LANG", "C.UTF-8")
-    path = list(confinement.path)
-    if env_dir is not None:
+    path = []
+    if env_dir is not None:  # the project's environment first, then merlin's tools
         path += [f"{env_dir}/bin", f"{env_dir}/node_modules/.bin"]
         env["NODE_PATH"] = f"{env_dir}/node_modules"
         env["VIRTUAL_ENV"] = env_dir
         env["MERLIN_ENV"] = env_dir
     env.update(
         {
-            "PATH": ":".join([*path, SYSTEM_PATH]),
+            "PATH": ":".join([*path, *confinement.path, SYSTEM_PATH]),
             "HOME": SANDBOX_HOME if config.mode is SandboxMode.BWRAP else str(Path.home()),
             "TMPDIR": "/tmp",
             "TERM": "dumb",  # no terminal: output goes to a file

@@ -89,6 +89,7 @@ def _prepare(
     config_path: Path | None,
     budget: float | None,
     local: bool = False,
+    check_tiers: bool = True,
 ) -> tuple[Any, ...]:
     """Validate input and create the job; nothing is enqueued yet.
 
@@ -115,7 +116,7 @@ def _prepare(
                 "and workers do not read files from a git URL's checkout: give --config"
             )
         commands = default_exit_commands(tasklist, config, files)
-    _check_runnable(config)
+    _check_runnable(config, check_tiers)
     if local:
         from merlin_flow.sandbox import check_sandbox
 
@@ -126,13 +127,14 @@ def _prepare(
     return settings, db, job_id
 
 
-def _check_runnable(config: Any) -> None:
+def _check_runnable(config: Any, check_tiers: bool = True) -> None:
     """Refuse a job no attempt could do; warn when its commands run unconfined."""
     from merlin_flow.config import SandboxMode
     from merlin_flow.credentials import require_a_usable_tier
     from merlin_flow.execution import SANDBOX_OFF_WARNING
 
-    require_a_usable_tier(config)
+    if check_tiers:
+        require_a_usable_tier(config)
     if config.sandbox.mode is SandboxMode.NONE:
         err_console.print(f"[yellow]{escape(SANDBOX_OFF_WARNING)}[/]", highlight=False)
 
@@ -267,6 +269,14 @@ def submit(
     as_json: JsonOption = False,
     junit: JunitOption = None,
     patch: PatchOption = None,
+    workers_hold_keys: Annotated[
+        bool,
+        typer.Option(
+            "--workers-hold-keys",
+            help="Skip the check that a tier's key or server is reachable from here: the "
+            "workers have their own environment.",
+        ),
+    ] = False,
 ) -> None:
     """Enqueue a TaskList for the workers (`merlin worker`) and print the job id.
 
@@ -279,7 +289,9 @@ def submit(
         if (junit or patch) and not wait:
             raise InputError("--junit and --patch are written when the job ends: add --wait")
         check_report_paths(junit, patch)
-        _settings, db, job_id = _prepare(tasklist, repo, config, budget)
+        _settings, db, job_id = _prepare(
+            tasklist, repo, config, budget, check_tiers=not workers_hold_keys
+        )
         from merlin_flow.workflow import enqueue_job
         from workers.app import app as celery_app
 
@@ -315,8 +327,8 @@ def worker(
         str,
         typer.Option(
             "--sandbox",
-            help="bwrap (refuse to start without bubblewrap) or none: serve only jobs with "
-            '[sandbox] mode = "none".',
+            help="bwrap: refuse to start without bubblewrap. none: start without it; "
+            "jobs that ask for the sandbox then fail on this worker, with the reason.",
         ),
     ] = "bwrap",
 ) -> None:

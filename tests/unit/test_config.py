@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.config import MerlinConfig, Tier, load_config
+from merlin_flow.config import MerlinConfig, SandboxMode, Tier, load_config
 from merlin_flow.errors import ConfigError
 from merlin_flow.tasklist import StepType
 
@@ -184,3 +184,17 @@ def test_tier_and_config_models_reject_bad_values() -> None:
         MerlinConfig(tiers=[])
     assert Tier(name="a", model="scripted/x.yaml").is_scripted
     assert not Tier(name="a", model="openai/scripted").is_scripted
+
+
+def test_a_repositorys_own_merlin_toml_may_not_loosen_the_sandbox(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for loosening in ('mode = "none"', "network = true", 'pass_env = ["LANG"]'):
+        (repo / "merlin.toml").write_text(f"[sandbox]\n{loosening}\n")
+        with pytest.raises(ConfigError, match=r"would loosen the sandbox.*--config"):
+            load_config(repo)
+    (repo / "merlin.toml").write_text("[sandbox]\nmax_memory_mb = 2048\n")
+    assert load_config(repo).sandbox.max_memory_mb == 2048  # tightening is fine
+    chosen = tmp_path / "mine.toml"
+    chosen.write_text('[sandbox]\nmode = "none"\n')
+    assert load_config(repo, chosen).sandbox.mode is SandboxMode.NONE
