@@ -84,13 +84,15 @@ rules:
   - match: 'Step break \\('
     reply: {content: "simplified shout()"}
 """
-TASKLIST = """\
-title: TITLE
-steps:
-  - id: STEP
-    step_type: Feature
-    description: DESCRIPTION
-"""
+
+
+def one_step(path: Path, step: str, description: str) -> Path:
+    """Write a TaskList of one Feature step to ``path``."""
+    path.write_text(
+        f"title: {description}\nsteps:\n  - id: {step}\n    step_type: Feature\n"
+        f"    description: {description}\n"
+    )
+    return path
 
 
 def test_default_setup_editable_install_tests_the_attempts_code(tmp_path: Path) -> None:
@@ -108,12 +110,7 @@ def test_default_setup_editable_install_tests_the_attempts_code(tmp_path: Path) 
     local = LOCAL.replace("WHISPER_TEST", json.dumps(WHISPER_TEST))
     _, config = write_job_files(tmp_path / "job", local=local, premium=local)
 
-    good = tmp_path / "good.yaml"
-    good.write_text(
-        TASKLIST.replace("TITLE", "Add whisper")
-        .replace("STEP", "whisper")
-        .replace("DESCRIPTION", "add slugkit.whisper.whisper() with a test")
-    )
+    good = one_step(tmp_path / "good.yaml", "whisper", "add slugkit.whisper.whisper() with a test")
     result = merlin(env, "run", str(good), "--repo", str(repo), "--config", str(config), "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     view = json.loads(result.stdout)
@@ -121,12 +118,7 @@ def test_default_setup_editable_install_tests_the_attempts_code(tmp_path: Path) 
     logs = merlin(env, "logs", view["id"], "--step", "whisper").stdout
     assert "FROM /workspace/src/slugkit/__init__.py" in logs  # the attempt's own code
 
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(
-        TASKLIST.replace("TITLE", "Simplify shout")
-        .replace("STEP", "break")
-        .replace("DESCRIPTION", "simplify shout()")
-    )
+    bad = one_step(tmp_path / "bad.yaml", "break", "simplify shout()")
     result = merlin(env, "run", str(bad), "--repo", str(repo), "--config", str(config), "--json")
     assert result.returncode == 1, result.stdout + result.stderr
     view = json.loads(result.stdout)

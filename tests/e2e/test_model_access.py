@@ -8,31 +8,15 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.helpers import merlin, merlin_env, write_job_files
+from tests.e2e.test_run import ONE_STEP, PREMIUM_RIGHT
 
 pytestmark = pytest.mark.e2e
-
-PREMIUM = """\
-rules:
-  - turn: 0
-    reply:
-      tool_calls:
-        - name: edit_file
-          arguments: {path: app.py, old: "return 41", new: "return 42"}
-  - reply: {content: "fixed"}
-"""
-ONE_STEP = """\
-title: Fix answer
-steps:
-  - id: fix
-    step_type: Debug
-    description: answer() must return 42
-"""
 
 
 def test_missing_key_escalates_without_a_call_or_a_fix(tmp_path: Path, py_repo: Path) -> None:
     env = merlin_env(tmp_path / "home")
     env.pop("OPENAI_API_KEY", None)
-    tasklist, config = write_job_files(tmp_path / "job", premium=PREMIUM, tasklist=ONE_STEP)
+    tasklist, config = write_job_files(tmp_path / "job", premium=PREMIUM_RIGHT, tasklist=ONE_STEP)
     text = config.read_text().replace('model = "scripted/local.yaml"', 'model = "openai/gpt-4o"')
     config.write_text(text + "\n[environment]\nsetup = []\n")
     result = merlin(

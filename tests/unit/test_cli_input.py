@@ -290,3 +290,18 @@ def test_worker_refuses_to_start_without_bubblewrap(monkeypatch: pytest.MonkeyPa
     assert allowed.exit_code == 0, allowed.output
     assert "no sandbox" in allowed.output
     assert len(started) == 1
+
+
+def test_run_refuses_when_the_sandbox_cannot_run_here(
+    merlin_home: Path, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import merlin_flow.sandbox
+
+    monkeypatch.setattr(merlin_flow.sandbox, "sandbox_problem", lambda: "bwrap is not here")
+    tasklist = tmp_path / "tasklist.yaml"
+    tasklist.write_text("title: x\nsteps:\n" + GOOD_STEP)
+    before = broker_messages(merlin_home)
+    result = CliRunner().invoke(app, ["run", str(tasklist), "--repo", str(repo)])
+    assert result.exit_code == 2, result.output
+    assert "bwrap is not here" in result.output
+    assert_nothing_written(merlin_home, repo, before)
