@@ -11,12 +11,20 @@ submitted with.
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from merlin_flow.errors import ConfigError
 from merlin_flow.resources import resource_dir
@@ -24,6 +32,8 @@ from merlin_flow.tasklist import StepType
 
 CONFIG_FILE_NAME = "merlin.toml"
 SCRIPTED_PREFIX = "scripted/"
+DEFAULT_MAX_TOKENS = 4096
+"""Completion tokens a call may produce when its tier sets no `max_tokens`."""
 
 
 class Tier(BaseModel):
@@ -39,13 +49,48 @@ class Tier(BaseModel):
     """USD per million input tokens; overrides litellm's price map when set."""
     price_out: float | None = Field(default=None, ge=0)
     """USD per million output tokens; overrides litellm's price map when set."""
-    max_tokens: int | None = Field(default=None, gt=0)
-    """Upper bound on completion tokens per call (provider default when unset)."""
+    max_tokens: int = Field(default=DEFAULT_MAX_TOKENS, gt=0)
+    """Upper bound on completion tokens per call. Without one, a local server generates
+    until its context is full."""
     timeout: float = Field(default=600.0, gt=0)
-    """Seconds before one model request is abandoned."""
+    """Seconds before one model request is abandoned (see also `limits.turn_timeout`)."""
+    api_base: str | None = None
+    """URL of the endpoint the tier's requests go to, e.g. `http://127.0.0.1:8080/v1` for
+    a llama.cpp server. Unset: the provider's own, or the URL its variable (such as
+    `OPENAI_BASE_URL`) held where the job was submitted. Stored with the job, so every
+    worker calls the same endpoint."""
+    api_key_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    """Name of the environment variable that holds the tier's API key on the workers (never
+    the key itself). Unset: the provider's usual variable (such as `OPENAI_API_KEY`)."""
+    api_version: str | None = None
+    """API version, for providers that take one (Azure OpenAI)."""
     step_types: list[StepType] = Field(default_factory=list)
     """Step types this tier takes (empty: every type). Routing and escalation pass over a
     tier for other types, e.g. a coder model for Feature/Refactor/Test steps only."""
+
+    @field_validator("model")
+    @classmethod
+    def _provider_prefix(cls, model: str) -> str:
+        provider, _, name = model.partition("/")
+        if not provider or not name:
+            raise ValueError(
+                f"model {model!r} names no provider: write it as provider/model, e.g. "
+                f"openai/{model.strip('/') or 'gpt-4o-mini'} for an OpenAI-compatible server "
+                "or anthropic/claude-sonnet-4-5 (docs/models.md)"
+            )
+        return model
+
+    @field_validator("api_base")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError(f"api_base {url!r} is not an http:// or https:// URL")
+        return url
+
+    @property
+    def provider(self) -> str:
+        """The litellm provider: the model string's prefix (`openai`, `anthropic`...)."""
+        return self.model.split("/", 1)[0]
 
     def serves(self, step_type: StepType) -> bool:
         """True when steps of ``step_type`` may run on this tier."""
@@ -65,9 +110,13 @@ class Limits(BaseModel):
     fix_attempts: int = Field(default=1, ge=0)
     """Fix attempts on the same tier after a failed verification, before escalating."""
     max_retry_attempts: int = Field(default=2, ge=0)
-    """Retries of a model call that failed transiently (rate limit, timeout, 5xx)."""
+    """Retries of a model call that failed transiently (rate limit, timeout, a 5xx that
+    did not recur). Each retry is one HTTP request: the provider client never retries."""
     retry_base_delay: float = Field(default=0.5, ge=0)
     """Seconds before the first retry of a transient failure; doubled for each next one."""
+    turn_timeout: float = Field(default=900.0, gt=0)
+    """Seconds one model turn may take, retries and their waits included; each request
+    gets what is left of it (at most the tier's `timeout`)."""
     max_turns: int = Field(default=20, ge=1)
     """Model replies per attempt before the attempt fails with 'turn limit'."""
     exit_command_timeout: float = Field(default=600.0, gt=0)

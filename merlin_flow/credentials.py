@@ -1,4 +1,4 @@
-"""Can a tier's model be used from here: its key present, or its local server answering.
+"""Can a tier's model be used from here: its key present, its server answering.
 
 Checked before a job is accepted (``merlin run``/``submit`` refuse when no tier can be
 used), before an attempt's first call (an attempt on a tier with no key fails at once,
@@ -12,15 +12,14 @@ import socket
 from urllib.parse import urlsplit
 
 from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.endpoints import (
+    KEYED_AT_ANY_ENDPOINT,
+    api_key,
+    describe,
+    endpoint_from_environment,
+)
 from merlin_flow.errors import NoModelAvailable
 
-LOCAL_SERVERS = {
-    "ollama": ("OLLAMA_API_BASE", "http://localhost:11434"),
-    "ollama_chat": ("OLLAMA_API_BASE", "http://localhost:11434"),
-    "lm_studio": ("LM_STUDIO_API_BASE", "http://localhost:1234/v1"),
-    "hosted_vllm": ("HOSTED_VLLM_API_BASE", "http://localhost:8000/v1"),
-}
-"""Providers served by a local server: the variable naming its URL, and its default."""
 CONNECT_TIMEOUT = 1.0
 
 
@@ -28,27 +27,33 @@ def tier_access(tier: Tier) -> str | None:
     """None when ``tier`` can be used from this process; otherwise what is missing."""
     if tier.is_scripted:
         return None
-    provider = tier.model.split("/", 1)[0] if "/" in tier.model else ""
-    if provider in LOCAL_SERVERS:
-        variable, default = LOCAL_SERVERS[provider]
-        url = os.environ.get(variable) or default
-        if not _answers(url):
+    try:
+        api_key(tier)
+    except KeyError as exc:
+        return (
+            f"{describe(tier)}: api_key_env names {exc.args[0]}, which is not set here; "
+            "set it in the environment of merlin and its workers"
+        )
+    base = tier.api_base or endpoint_from_environment(tier, os.environ)
+    if base is not None:
+        if not _answers(base):
             return (
-                f"tier {tier.name!r} ({tier.model}): no server answers at {url}; start it, "
-                f"or set {variable} to where it runs"
+                f"tier {tier.name!r} ({tier.model}): no server answers at {base}; start it, "
+                "or set the tier's api_base to where it runs"
             )
-        return None
+        if tier.api_key_env is not None or tier.provider not in KEYED_AT_ANY_ENDPOINT:
+            return None  # its key is checked above, or it is sent none
     from merlin_flow.llm import litellm_module
 
     try:
-        report = litellm_module().validate_environment(model=tier.model)
+        report = litellm_module().validate_environment(model=tier.model, api_base=base)
     except Exception as exc:  # litellm raises assorted errors for unknown providers
-        return f"tier {tier.name!r} ({tier.model}): litellm cannot check this model: {exc}"
+        return f"{describe(tier)}: litellm cannot check this model: {exc}"
     missing = [str(key) for key in report.get("missing_keys") or []]
     if not report.get("keys_in_environment") and missing:
         return (
-            f"tier {tier.name!r} ({tier.model}): missing credentials: set "
-            f"{', '.join(missing)} in the environment of merlin and its workers"
+            f"{describe(tier)}: missing credentials: set {', '.join(missing)} in the "
+            "environment of merlin and its workers, or name the variable with api_key_env"
         )
     return None
 

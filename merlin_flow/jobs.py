@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from merlin_flow.config import MerlinConfig
+from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.execution import add_event
 from merlin_flow.leases import queued_values
@@ -59,6 +60,7 @@ def create_job(
     and the original's ``exit_commands`` (one per step) rather than today's defaults.
     """
     tasklist.check_submittable()
+    config = pin_endpoints(config)  # the submitter's endpoints, for every worker
     source = repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
     starts = [start_tier(step, config) for step in tasklist.steps]
     with refusals_as_input_errors(source):

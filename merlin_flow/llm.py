@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from merlin_flow.config import Tier
+from merlin_flow.endpoints import KEYED_AT_ANY_ENDPOINT
 
 _lock = threading.Lock()
 _litellm: Any = None
@@ -74,7 +75,8 @@ class Completion:
     message: dict[str, Any]
     prompt_tokens: int
     completion_tokens: int
-    cost_usd: float
+    cost_usd: float | None
+    """USD paid for the call; None when its price is unknown (see ``call_price``)."""
     latency_ms: float
     request_hash: str
     raw: dict[str, Any] = field(default_factory=dict)
@@ -135,6 +137,8 @@ def _message_dict(message: Any) -> dict[str, Any]:
     return result
 
 
+
+
 def tier_price(tier: Tier, prompt: int, completion: int) -> float | None:
     """USD for these tokens at the tier's own prices; None when it sets none."""
     if tier.price_in is None and tier.price_out is None:
@@ -142,11 +146,51 @@ def tier_price(tier: Tier, prompt: int, completion: int) -> float | None:
     return (prompt * (tier.price_in or 0.0) + completion * (tier.price_out or 0.0)) / 1e6
 
 
-def _cost(litellm: Any, tier: Tier, response: Any, prompt: int, completion: int) -> float:
+def map_priced(tier: Tier) -> bool:
+    """True when litellm's price map may price ``tier``: it is served where that price holds.
+
+    A tier at its own `api_base` may be anything: a local server behind the `openai/`
+    prefix is not gpt-4o-mini, whatever its model name says.
+    """
+    return tier.api_base is None or tier.provider in KEYED_AT_ANY_ENDPOINT
+
+
+def call_price(tier: Tier, prompt: int, completion: int) -> float | None:
+    """USD for a call of ``prompt`` and ``completion`` tokens on ``tier``; None: unknown.
+
+    The tier's own `price_in`/`price_out` win; the scripted model is free; otherwise
+    litellm's price map, where it applies (``map_priced``) and knows the model.
+    """
     own = tier_price(tier, prompt, completion)
     if own is not None:
         return own
-    try:
-        return float(litellm.completion_cost(completion_response=response))
-    except Exception:  # litellm raises assorted errors for models missing from its map
+    if tier.is_scripted:
         return 0.0
+    if not map_priced(tier):
+        return None
+    try:
+        cost_in, cost_out = litellm_module().cost_per_token(
+            model=tier.model, prompt_tokens=prompt, completion_tokens=completion
+        )
+    except Exception:  # litellm raises assorted errors for models missing from its map
+        return None
+    return float(cost_in) + float(cost_out)
+
+
+def is_priced(tier: Tier) -> bool:
+    """True when a call on ``tier`` has a known price."""
+    return call_price(tier, 1000, 1000) is not None
+
+
+def _cost(litellm: Any, tier: Tier, response: Any, prompt: int, completion: int) -> float | None:
+    own = tier_price(tier, prompt, completion)
+    if own is not None:
+        return own
+    if tier.is_scripted:
+        return 0.0
+    if not map_priced(tier):
+        return None
+    try:
+        return float(litellm.completion_cost(completion_response=response, model=tier.model))
+    except Exception:  # litellm raises assorted errors for models missing from its map
+        return None
