@@ -66,7 +66,9 @@ _EXPORTS: dict[str, str] = {
     "Decision": "merlin_flow.escalation",
     "Failure": "merlin_flow.escalation",
     "FailureKind": "merlin_flow.escalation",
-    "classify": "merlin_flow.escalation",
+    "classify": "merlin_flow.model_errors",
+    "examine": "merlin_flow.model_errors",
+    "ModelFailure": "merlin_flow.model_errors",
     "decide": "merlin_flow.escalation",
     # Routing
     "Complexity": "merlin_flow.routing",

@@ -13,16 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from merlin_flow.config import Limits, Tier
+from merlin_flow.endpoints import describe
 from merlin_flow.errors import AgentError, BudgetExceeded, ModelUnreachable
-from merlin_flow.escalation import (
-    MODEL_UNREACHABLE,
-    Action,
-    Failure,
-    FailureKind,
-    classify,
-    decide,
-)
+from merlin_flow.escalation import MODEL_UNREACHABLE, Action, Failure, FailureKind, decide
 from merlin_flow.llm import Completion, complete
+from merlin_flow.model_errors import ModelFailure, examine, retry_after
 from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
 
 SYSTEM_PROMPT = """\
@@ -121,38 +116,61 @@ def _call(
     call_model: ModelCall,
     sleep: Callable[[float], None],
 ) -> Completion:
-    """One model call, retried while its failures are transient."""
+    """One model turn: a request, retried while its failures are transient.
+
+    Each request is one HTTP request, journaled by ``on_call``. The turn as a whole,
+    waits included, lasts at most ``limits.turn_timeout``: each request gets what is left
+    of it (at most the tier's own timeout). A 5xx that recurs, word for word, on the same
+    request is the server's answer to it, not bad luck: it ends the attempt.
+    """
+    deadline = time.monotonic() + limits.turn_timeout
     retries = 0
+    last: ModelFailure | None = None
     while True:
         check_alive()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AgentError(
+                f"model turn on tier {tier.name!r} took over {limits.turn_timeout:g} s "
+                f"(limits.turn_timeout) in {retries + 1} requests: {last.reason if last else ''}"
+            )
+        bounded = tier if tier.timeout <= left else tier.model_copy(update={"timeout": left})
         try:
-            reply = call_model(tier, messages, TOOL_SCHEMAS)
+            reply = call_model(bounded, messages, TOOL_SCHEMAS)
         except BudgetExceeded:
             raise  # refused before the call: nothing was sent, nothing to journal
         except Exception as exc:  # every model error is expected input, never a crash
             on_call(turn, None, exc)
-            failure = Failure(classify(exc), f"{type(exc).__name__}: {_short(exc)}")
+            failure = examine(exc)
+            server_error = failure.status is not None and failure.status >= 500
+            if server_error and failure.same_as(last):
+                failure = ModelFailure(
+                    FailureKind.CAPABILITY, f"{failure.what}, twice alike", failure.status,
+                    failure.detail,
+                )  # fmt: skip
+            last = failure
             decision = decide(
-                failure, tier_index=0, next_tier=None, limits=limits, call_retries=retries
+                Failure(failure.kind, failure.reason),
+                tier_index=0,
+                next_tier=None,
+                limits=limits,
+                call_retries=retries,
             )
             if decision.action is Action.RETRY_CALL:
-                sleep(decision.delay)
-                retries += 1
-                continue
+                delay = max(decision.delay, retry_after(exc) or 0.0)
+                if time.monotonic() + delay < deadline:
+                    sleep(delay)
+                    retries += 1
+                    continue
             if decision.action is Action.STOP_JOB:
                 raise BudgetExceeded(failure.reason) from None
             if failure.kind is FailureKind.ACCESS:
                 raise ModelUnreachable(
-                    f"{MODEL_UNREACHABLE}tier {tier.name!r} ({tier.model}): {failure.reason}"
+                    f"{MODEL_UNREACHABLE}{describe(tier)}: {failure.reason}"
                 ) from None
             after = f" after {retries} retries" if retries else ""
             raise AgentError(
-                f"model call failed on tier {tier.name!r}{after}: {_short(exc)}"
+                f"model call failed on {describe(tier)}{after}: {failure.reason}"
             ) from None
         on_call(turn, reply, None)
         return reply
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) < 500 else text[:500] + "..."

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.endpoints import (
+    BASE_VARIABLES,
     KEYED_AT_ANY_ENDPOINT,
     api_key,
     describe,
@@ -37,9 +38,10 @@ def tier_access(tier: Tier) -> str | None:
     base = tier.api_base or endpoint_from_environment(tier, os.environ)
     if base is not None:
         if not _answers(base):
+            where = " or ".join(["the tier's api_base", *BASE_VARIABLES.get(tier.provider, ())])
             return (
                 f"tier {tier.name!r} ({tier.model}): no server answers at {base}; start it, "
-                "or set the tier's api_base to where it runs"
+                f"or set {where} to where it runs"
             )
         if tier.api_key_env is not None or tier.provider not in KEYED_AT_ANY_ENDPOINT:
             return None  # its key is checked above, or it is sent none

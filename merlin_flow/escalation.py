@@ -1,15 +1,16 @@
 """What a failure leads to: the one retry decision, and the feedback attempts are given.
 
-Failures come in three kinds (``classify``):
+Failures come in four kinds (``merlin_flow.model_errors.examine`` reads a model call's):
 
-- transient (rate limit, connection error, provider timeout, 5xx): the same model call
-  is retried on the same tier after 0.5 s, 1 s, 2 s... up to ``max_retry_attempts``;
-  then it counts as a capability failure;
+- transient (rate limit, timeout, dropped connection, a 5xx that did not recur): the
+  same model call is retried on the same tier after 0.5 s, 1 s, 2 s... up to
+  ``max_retry_attempts``, within the turn's time; then it counts as a capability failure;
 - capability (verification failed, turn limit, tool errors, unparseable output, no
   scripted reply): ``fix_attempts`` fixes on the same tier, then the next tier from the
   step's base commit with the failures as feedback; after the last tier the step fails;
-- access (no key, a bad login, a model that does not exist): never retried and never
-  fixed; the step goes straight to the next tier, or fails naming what is missing;
+- access (no key, a bad login, a model that does not exist, no server at the endpoint):
+  never retried and never fixed; the step goes straight to the next tier, or fails
+  naming what is missing;
 - budget: neither; the job stops.
 
 ``decide`` is the only function that turns a failure into an action.
@@ -30,21 +31,6 @@ if TYPE_CHECKING:
 FEEDBACK_CHARS = 6000
 OLDER_ATTEMPT_CHARS = 800
 
-TRANSIENT_ERRORS = frozenset(
-    {
-        "RateLimitError",
-        "Timeout",
-        "APITimeoutError",
-        "APIConnectionError",
-        "InternalServerError",
-        "ServiceUnavailableError",
-        "BadGatewayError",
-    }
-)
-BUDGET_ERRORS = frozenset({"BudgetExceededError", "BudgetExceeded"})
-ACCESS_ERRORS = frozenset(
-    {"AuthenticationError", "PermissionDeniedError", "NotFoundError", "PaymentRequiredError"}
-)
 MODEL_UNREACHABLE = "model unreachable: "
 """How the error of an attempt that could not use its model starts (see ``failure_of``)."""
 
@@ -61,7 +47,7 @@ class AttemptKind(StrEnum):
 
 
 class FailureKind(StrEnum):
-    """The three classes of failure, which take different paths."""
+    """The four classes of failure, which take different paths."""
 
     TRANSIENT = "transient"
     CAPABILITY = "capability"
@@ -111,22 +97,6 @@ class Decision:
 
 class _AttemptLike(Protocol):
     kind: str
-
-
-def classify(exc: BaseException) -> FailureKind:
-    """The kind of a model-call error, by type (never by status code alone).
-
-    Budget errors are checked first: litellm's BudgetExceededError carries status 429 and
-    would otherwise pass for a rate limit.
-    """
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if names & BUDGET_ERRORS:
-        return FailureKind.BUDGET
-    if names & ACCESS_ERRORS:
-        return FailureKind.ACCESS
-    if names & TRANSIENT_ERRORS:
-        return FailureKind.TRANSIENT
-    return FailureKind.CAPABILITY
 
 
 def decide(

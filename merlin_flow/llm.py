@@ -12,13 +12,16 @@ import logging
 import os
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from merlin_flow.config import Tier
-from merlin_flow.endpoints import KEYED_AT_ANY_ENDPOINT
+from merlin_flow.endpoints import KEYED_AT_ANY_ENDPOINT, api_key
+from merlin_flow.errors import ModelUnreachable
 
 _lock = threading.Lock()
+READ_ONLY_WARNING = r".*using the `ReadOnly` qualifier"
 _litellm: Any = None
 
 
@@ -29,6 +32,10 @@ def litellm_module() -> Any:
         if _litellm is None:
             os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
             import litellm
+
+            # litellm builds pydantic adapters lazily, on calls, for TypedDicts with ReadOnly
+            # fields; pydantic warns about each. Noise for merlin's users.
+            warnings.filterwarnings("ignore", READ_ONLY_WARNING, UserWarning)
 
             from merlin_flow.scripted import PROVIDER, make_provider
 
@@ -97,14 +104,44 @@ def request_hash(model: str, messages: list[dict[str, Any]], tools: list[dict[st
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+NULL_CONTENT_PROVIDERS = frozenset({"gemini", "vertex_ai", "vertex_ai_beta"})
+"""Providers to which an assistant message with tool calls and no text is sent with null
+content: litellm turns an empty string into an empty text part, which Gemini refuses.
+Everyone else gets "": litellm drops a null content key, and OpenAI-compatible servers'
+chat templates (llama.cpp's) fail without one. Anthropic's conversion skips "" either way."""
+
+
 def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
-    """Ask ``tier``'s model for the next message; litellm's exceptions propagate."""
+    """Ask ``tier``'s model for the next message, in exactly one HTTP request.
+
+    The provider client never retries (merlin's retry decision is the only one, and every
+    request is journaled); the tier's endpoint, key variable and version are used as the
+    job stored them. litellm's exceptions propagate (``model_errors.examine`` reads them).
+    """
     litellm = litellm_module()
-    kwargs: dict[str, Any] = {"timeout": tier.timeout, "temperature": 0}
-    if tier.max_tokens:
-        kwargs["max_tokens"] = tier.max_tokens
+    kwargs: dict[str, Any] = {
+        "timeout": tier.timeout,
+        "temperature": 0,
+        "max_tokens": tier.max_tokens,
+        "max_retries": 0,
+        "num_retries": 0,
+    }
+    if tier.api_base is not None:
+        kwargs["api_base"] = tier.api_base
+    if tier.api_version is not None:
+        kwargs["api_version"] = tier.api_version
+    try:
+        key = api_key(tier)
+    except KeyError as exc:
+        raise ModelUnreachable(
+            f"api_key_env names {exc.args[0]}, which is not set on this worker"
+        ) from None
+    if key is not None:
+        kwargs["api_key"] = key
     started = time.monotonic()
-    response = litellm.completion(model=tier.model, messages=messages, tools=tools, **kwargs)
+    response = litellm.completion(
+        model=tier.model, messages=outgoing(messages, tier), tools=tools, **kwargs
+    )
     latency_ms = (time.monotonic() - started) * 1000
     choice = response.choices[0]
     message = _message_dict(choice.message)
@@ -122,6 +159,18 @@ def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, A
     )
 
 
+def outgoing(messages: list[dict[str, Any]], tier: Tier) -> list[dict[str, Any]]:
+    """``messages`` as ``tier``'s provider accepts them (see NULL_CONTENT_PROVIDERS)."""
+    if tier.provider in NULL_CONTENT_PROVIDERS:
+        return messages
+    return [
+        {**message, "content": ""}
+        if message.get("role") == "assistant" and message.get("content") is None
+        else message
+        for message in messages
+    ]
+
+
 def _message_dict(message: Any) -> dict[str, Any]:
     result: dict[str, Any] = {"role": "assistant", "content": message.content}
     calls = getattr(message, "tool_calls", None) or []
@@ -135,8 +184,6 @@ def _message_dict(message: Any) -> dict[str, Any]:
             for call in calls
         ]
     return result
-
-
 
 
 def tier_price(tier: Tier, prompt: int, completion: int) -> float | None:

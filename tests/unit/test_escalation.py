@@ -16,12 +16,12 @@ from merlin_flow.escalation import (
     Decision,
     Failure,
     FailureKind,
-    classify,
     decide,
     failure_of,
     failure_reason,
     feedback_for,
 )
+from merlin_flow.model_errors import classify
 from merlin_flow.store import Attempt
 
 E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE

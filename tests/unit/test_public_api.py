@@ -21,7 +21,7 @@ PINNED_API = {
     "repository_for_input", "Sandbox", "SandboxMode", "Environment", "Confinement",
     "run_confined", "EnvironmentPlan", "plan_environment", "ensure_environment",
     "tier_access", "Redactor", "SandboxUnavailable", "NoModelAvailable", "SetupFailed",
-    "ModelUnreachable",
+    "ModelUnreachable", "examine", "ModelFailure",
 }  # fmt: skip
 
 
