@@ -103,9 +103,9 @@ class ModelServer:
     def answer(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The status and JSON body for ``request``."""
         self.requests.append(request)
-        if self.api_key is not None:
-            if request.headers.get("authorization") != f"Bearer {self.api_key}":
-                return 401, _error_body("Invalid API key", "invalid_api_key")
+        authorization = request.headers.get("authorization")
+        if self.api_key is not None and authorization != f"Bearer {self.api_key}":
+            return 401, _error_body("Invalid API key", "invalid_api_key")
         for message in request.body.get("messages", []):
             if message.get("role") == "assistant" and not isinstance(message.get("content"), str):
                 return 500, _error_body("chat template: assistant content must be a string")
