@@ -130,10 +130,7 @@ def _call(
         check_alive()
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AgentError(
-                f"model turn on tier {tier.name!r} took over {limits.turn_timeout:g} s "
-                f"(limits.turn_timeout) in {retries + 1} requests: {last.reason if last else ''}"
-            )
+            raise AgentError(_out_of_time(tier, limits, retries, last))
         bounded = tier if tier.timeout <= left else tier.model_copy(update={"timeout": left})
         try:
             reply = call_model(bounded, messages, TOOL_SCHEMAS)
@@ -158,10 +155,11 @@ def _call(
             )
             if decision.action is Action.RETRY_CALL:
                 delay = max(decision.delay, retry_after(exc) or 0.0)
-                if time.monotonic() + delay < deadline:
-                    sleep(delay)
-                    retries += 1
-                    continue
+                if time.monotonic() + delay >= deadline:
+                    raise AgentError(_out_of_time(tier, limits, retries + 1, failure)) from None
+                sleep(delay)
+                retries += 1
+                continue
             if decision.action is Action.STOP_JOB:
                 raise BudgetExceeded(failure.reason) from None
             if failure.kind is FailureKind.ACCESS:
@@ -174,3 +172,11 @@ def _call(
             ) from None
         on_call(turn, reply, None)
         return reply
+
+
+def _out_of_time(tier: Tier, limits: Limits, requests: int, last: ModelFailure | None) -> str:
+    why = f": {last.reason}" if last else ""
+    return (
+        f"model turn on {describe(tier)} took over {limits.turn_timeout:g} s "
+        f"(limits.turn_timeout) in {requests} request(s){why}"
+    )

@@ -100,6 +100,8 @@ def pin_endpoints(config: MerlinConfig, environ: Mapping[str, str] | None = None
 
 def describe(tier: Tier) -> str:
     """``tier`` for messages: its name, model and endpoint."""
+    if tier.is_scripted:
+        return f"tier {tier.name!r} ({tier.model})"
     where = tier.api_base or "the provider's default endpoint"
     return f"tier {tier.name!r} ({tier.model} at {where})"
 

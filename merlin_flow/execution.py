@@ -72,6 +72,7 @@ from merlin_flow.workspace import (
     commit_all,
     diff,
     remove_worktree,
+    same_tree,
     write_excludes_file,
 )
 
@@ -83,6 +84,11 @@ SANDBOX_OFF_WARNING = (
     'warning: [sandbox] mode = "none": this job\'s commands run unconfined, as the '
     "worker's user, with its files, network and environment in reach (docs/security.md)"
 )
+NO_CHANGES = (
+    "the attempt changed no file: the model finished after {turns} turn(s) without "
+    "editing anything, so there was nothing to verify"
+)
+"""The error of an attempt that committed nothing (except on a Verify step)."""
 FINAL_JOB_STATUSES = frozenset({"completed", "failed", "cancelled", "budget_exceeded"})
 
 
@@ -261,6 +267,9 @@ def _run_attempt(
         commit = commit_all(
             worktree, f"{message}\n\nJob {job_id}, attempt {plan.number}.", excludes
         )
+        edits = brief.step_type != StepType.VERIFY.value
+        if error is None and edits and same_tree(worktree, commit, plan.start_commit):
+            error = NO_CHANGES.format(turns=turns)
     finally:
         remove_worktree(source.path, worktree)
     # Before verify can be queued: a verify worker elsewhere fetches the commit by this ref.
@@ -723,7 +732,7 @@ def _plan_next(
         session,
         job_id,
         "escalated" if nxt.action is Action.ESCALATE else "fix_planned",
-        f"attempt {attempt.number} failed ({nxt.reason[:200]}); "
+        f"attempt {attempt.number} failed ({nxt.reason}); "
         f"next: {nxt.attempt_kind} on tier {to_tier}",
         step.key,
         from_tier=config.tiers[step.tier_index].name,

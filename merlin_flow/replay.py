@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
@@ -21,7 +21,7 @@ from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.jobs import create_job
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
-from merlin_flow.store import Attempt, Database, Job, LlmCall, Step
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
 from merlin_flow.tasklist import TaskList
 from merlin_flow.workspace import git
 
@@ -83,16 +83,40 @@ class ReplayReport:
     calls: int
     identical_requests: int
     """Replay requests whose hash equals the original's at the same turn."""
+    resumes: int = 0
+    """Times the original was resumed (``merlin resume``): a replay runs in one go."""
 
     @property
     def reproduced(self) -> bool:
         """Same final status and every step reproduced."""
         return self.original_status == self.replay_status and all(s.reproduced for s in self.steps)
 
+    @property
+    def differences(self) -> list[str]:
+        """Why the replay is not a reproduction, one line per difference (empty if it is)."""
+        lines = []
+        if self.original_status != self.replay_status:
+            lines.append(f"the original {self.original_status}, the replay {self.replay_status}")
+        for step in self.steps:
+            if step.original_path != step.replay_path:
+                lines.append(
+                    f"step {step.step}: the original's attempts were {step.original_path}, "
+                    f"the replay's {step.replay_path}"
+                )
+            elif not step.same_tree:
+                lines.append(f"step {step.step}: same attempts, but they ended on other files")
+        if lines and self.resumes:
+            lines.append(
+                f"the original was resumed {self.resumes} time(s) (merlin resume): the replay "
+                "runs in one go, without the failure, the wait or the tier chosen at resume"
+            )
+        return lines
+
     def to_json(self) -> dict[str, Any]:
         """JSON-ready data, with the verdict."""
         data = asdict(self)
         data["reproduced"] = self.reproduced
+        data["differences"] = self.differences
         for step, comparison in zip(data["steps"], self.steps, strict=True):
             step["reproduced"] = comparison.reproduced
         return data
@@ -122,6 +146,11 @@ def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
                 )
             )
         calls, identical = _request_agreement(session, original.id, replay.id)
+        resumes = session.scalar(
+            select(func.count())
+            .select_from(Event)
+            .where(Event.job_id == original.id, Event.kind == "job_resumed")
+        )
         return ReplayReport(
             original=original.id,
             replay=replay.id,
@@ -130,6 +159,7 @@ def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
             steps=steps,
             calls=calls,
             identical_requests=identical,
+            resumes=int(resumes or 0),
         )
 
 

@@ -152,6 +152,12 @@ def commit_all(worktree: Path, message: str, excludes_file: Path) -> str:
     return git("rev-parse", "HEAD", cwd=worktree)
 
 
+def same_tree(repo: Path, one: str, other: str) -> bool:
+    """True when commits ``one`` and ``other`` hold exactly the same files."""
+    trees = git("rev-parse", f"{one}^{{tree}}", f"{other}^{{tree}}", cwd=repo).split()
+    return trees[0] == trees[1]
+
+
 def write_excludes_file(path: Path) -> Path:
     """Write the ignore patterns used for attempt commits; returns the path."""
     path.parent.mkdir(parents=True, exist_ok=True)

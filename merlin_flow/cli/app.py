@@ -514,6 +514,8 @@ def replay(
                 f"replay {replay_id} of {job_id}: {verdict}; "
                 f"{report.identical_requests}/{report.calls} requests identical to the original's"
             )
+            for line in report.differences:
+                console.print(f"  - {escape(line)}", highlight=False)
         if not report.reproduced:
             raise typer.Exit(1)
 

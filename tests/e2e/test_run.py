@@ -197,6 +197,9 @@ def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout + result.stderr
     assert "NOT reproduced" in result.stdout
     assert "differs" in result.stdout
+    # ... and why, under the verdict.
+    assert "the original completed, the replay failed" in result.stdout
+    assert "step median: the original's attempts were execute@local" in result.stdout
 
 
 def test_replay_refuses_unknown_and_unfinished_jobs(tmp_path: Path, py_repo: Path) -> None:
