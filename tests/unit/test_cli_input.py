@@ -80,6 +80,16 @@ CASES = {
             '[[tiers]]\nname = "dear"\nmodel = "anthropic/claude-sonnet-4-5"\n'
         ),
     ),
+    "model-without-provider": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("tiers.0.model", "'smollm2' names no provider", "openai/smollm2"),
+        config='[[tiers]]\nname = "local"\nmodel = "smollm2"\n',
+    ),
+    "api-key-instead-of-its-variable": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("tiers.0.api_key_env", "pattern"),
+        config='[[tiers]]\nname = "local"\nmodel = "openai/x"\napi_key_env = "sk-abc-123"\n',
+    ),
     "unknown-sandbox-mode": Case(
         "title: x\nsteps:\n" + GOOD_STEP,
         ("sandbox.mode", "'bwrap' or 'none'"),
