@@ -15,11 +15,13 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from merlin_flow.config import Tier
-from merlin_flow.errors import BudgetExceeded
-from merlin_flow.llm import litellm_module, tier_price
+from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.endpoints import describe
+from merlin_flow.errors import BudgetExceeded, InputError
+from merlin_flow.llm import call_price, is_priced, litellm_module
 from merlin_flow.scripted import conversation_text, count_tokens
 from merlin_flow.store import Database, LlmCall
+from merlin_flow.tasklist import TaskList
 
 
 def prompt_tokens(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:
@@ -32,22 +34,32 @@ def prompt_tokens(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[s
         return count_tokens(conversation_text(messages))
 
 
-def call_cost(tier: Tier, prompt: int, completion: int) -> float:
-    """USD for a call of ``prompt`` and ``completion`` tokens on ``tier``."""
-    own = tier_price(tier, prompt, completion)
-    if own is not None:
-        return own
-    try:
-        cost_in, cost_out = litellm_module().cost_per_token(
-            model=tier.model, prompt_tokens=prompt, completion_tokens=completion
+def require_priced_tiers(
+    config: MerlinConfig, tasklist: TaskList, budget_usd: float | None
+) -> None:
+    """InputError when a budget is set and a tier the job may run on has no known price.
+
+    A budget cannot limit what it cannot price: the job would spend freely on that tier.
+    """
+    if budget_usd is None:
+        return
+    types = {step.step_type for step in tasklist.steps}
+    unpriced = [
+        tier
+        for tier in config.tiers
+        if any(tier.serves(step_type) for step_type in types) and not is_priced(tier)
+    ]
+    if unpriced:
+        lines = "\n".join(f"  - {describe(tier)}" for tier in unpriced)
+        raise InputError(
+            f"a budget of ${budget_usd:g} cannot limit tiers whose price is unknown:\n{lines}\n"
+            "set price_in and price_out (USD per million tokens; 0 for a free local model) "
+            "on each in merlin.toml, or run without a budget"
         )
-        return float(cost_in) + float(cost_out)
-    except Exception:  # a model missing from litellm's price map costs what we know: 0
-        return 0.0
 
 
 def spent(db: Database, job_id: str) -> float:
-    """What the job has paid for so far."""
+    """What the job has paid for so far (its calls of known price)."""
     with db.reader() as session:
         total = session.scalar(
             select(func.coalesce(func.sum(LlmCall.cost_usd), 0.0)).where(LlmCall.job_id == job_id)
@@ -85,7 +97,12 @@ class BudgetGuard:
         if self.budget_usd is None:
             return
         completion = expected_completion(self.db, self.job_id, self.default_completion)
-        estimate = call_cost(tier, prompt_tokens(tier, messages, tools), completion)
+        estimate = call_price(tier, prompt_tokens(tier, messages, tools), completion)
+        if estimate is None:
+            raise BudgetExceeded(
+                f"budget of ${self.budget_usd:.4f}: {what} on {describe(tier)} has no known "
+                "price; set the tier's price_in and price_out"
+            )
         paid = spent(self.db, self.job_id)
         if paid + estimate > self.budget_usd:
             raise BudgetExceeded(

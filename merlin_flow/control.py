@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from merlin_flow.budget import require_priced_tiers
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.escalation import AttemptKind
@@ -28,7 +29,7 @@ from merlin_flow.leases import queued_values
 from merlin_flow.repository import repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, Step, utcnow
-from merlin_flow.tasklist import StepStatus, StepType
+from merlin_flow.tasklist import StepStatus, StepType, TaskList
 
 RESUMABLE = frozenset({"failed", "cancelled", "budget_exceeded"})
 
@@ -81,6 +82,8 @@ def resume_job(
                 "resume it with a larger --budget"
             )
         config = MerlinConfig.model_validate(job.config)
+        budget = budget_usd if budget_usd is not None else job.budget_usd
+        require_priced_tiers(config, TaskList.model_validate(job.tasklist), budget)
         tier_index = config.tier_index(tier) if tier is not None else None
         if head != job.head_commit:
             raise InputError(

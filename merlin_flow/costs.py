@@ -4,6 +4,10 @@ Every figure is summed from ``llm_calls``: a call counts once as made; ``replaye
 calls (answered from the journal after a crash, or by ``merlin replay``), ``cached``
 ones (answered by the response cache) and ``failed`` ones (an error instead of an
 answer) are counted apart, and only paid calls carry tokens and cost.
+
+A paid call whose price is unknown (``llm.call_price``) has no cost. Every row counts
+them as ``unpriced_calls`` and gives ``known_cost_usd``, the sum of the known costs; its
+``cost_usd`` is that sum when every call was priced, and None (unknown) otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.errors import InputError, JobNotFoundError
@@ -27,6 +31,8 @@ NO_CALLS = {
     "failed_calls": 0,
     "prompt_tokens": 0,
     "completion_tokens": 0,
+    "unpriced_calls": 0,
+    "known_cost_usd": 0.0,
     "cost_usd": 0.0,
 }
 
@@ -39,8 +45,14 @@ def parse_since(text: str) -> timedelta:
     return timedelta(seconds=int(match.group(1)) * UNIT_SECONDS[match.group(2)])
 
 
+PAID = (LlmCall.error.is_(None), LlmCall.replayed.is_(False), LlmCall.cached.is_(False))
+"""A call that was answered, and answered live: the only kind with tokens and a cost."""
+UNPRICED = (*PAID, LlmCall.cost_usd.is_(None))
+"""A paid call whose price is unknown."""
+
+
 def _sums(*group_by: Any) -> Any:
-    paid = LlmCall.error.is_(None) & LlmCall.replayed.is_(False) & LlmCall.cached.is_(False)
+    paid = and_(*PAID)
     return select(
         *group_by,
         func.count(LlmCall.id).label("calls"),
@@ -49,6 +61,7 @@ def _sums(*group_by: Any) -> Any:
         func.sum(case((LlmCall.error.is_not(None), 1), else_=0)).label("failed_calls"),
         func.sum(case((paid, LlmCall.prompt_tokens), else_=0)).label("prompt_tokens"),
         func.sum(case((paid, LlmCall.completion_tokens), else_=0)).label("completion_tokens"),
+        func.sum(case((paid & LlmCall.cost_usd.is_(None), 1), else_=0)).label("unpriced_calls"),
         func.coalesce(func.sum(LlmCall.cost_usd), 0.0).label("cost_usd"),
     )
 
@@ -61,8 +74,23 @@ def _row(row: Any) -> dict[str, Any]:
         "failed_calls": int(row.failed_calls or 0),
         "prompt_tokens": int(row.prompt_tokens or 0),
         "completion_tokens": int(row.completion_tokens or 0),
-        "cost_usd": round(float(row.cost_usd or 0.0), 6),
+        **cost_fields(float(row.cost_usd or 0.0), int(row.unpriced_calls or 0)),
     }
+
+
+def cost_fields(known: float, unpriced: int) -> dict[str, Any]:
+    """``cost_usd`` (None when any call is unpriced), ``known_cost_usd``, ``unpriced_calls``."""
+    known = round(known, 6)
+    return {
+        "unpriced_calls": unpriced,
+        "known_cost_usd": known,
+        "cost_usd": None if unpriced else known,
+    }
+
+
+def _sum_costs(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    known = sum(row["known_cost_usd"] for row in rows)
+    return cost_fields(known, sum(row["unpriced_calls"] for row in rows))
 
 
 def _escalations(session: Session, job_ids: Any) -> list[dict[str, Any]]:
@@ -114,7 +142,7 @@ def job_costs(db: Database, job_id: str) -> dict[str, Any]:
             steps.append(
                 {
                     "id": step.key,
-                    "cost_usd": round(sum(a["cost_usd"] for a in attempts), 6),
+                    **_sum_costs(attempts),
                     "calls": sum(a["calls"] for a in attempts),
                     "attempts": attempts,
                 }

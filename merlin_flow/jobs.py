@@ -16,7 +16,9 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from merlin_flow.budget import require_priced_tiers
 from merlin_flow.config import MerlinConfig
+from merlin_flow.costs import UNPRICED, cost_fields
 from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.execution import add_event
@@ -61,6 +63,8 @@ def create_job(
     """
     tasklist.check_submittable()
     config = pin_endpoints(config)  # the submitter's endpoints, for every worker
+    budget_usd = budget_usd if budget_usd is not None else config.budget_usd
+    require_priced_tiers(config, tasklist, budget_usd)
     source = repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
     starts = [start_tier(step, config) for step in tasklist.steps]
     with refusals_as_input_errors(source):
@@ -84,7 +88,7 @@ def create_job(
                 head_commit=base,
                 tasklist=tasklist.model_dump(mode="json"),
                 config=config.model_dump(mode="json"),
-                budget_usd=budget_usd if budget_usd is not None else config.budget_usd,
+                budget_usd=budget_usd,
                 replay_of=replay_of,
             )
             session.add(job)
@@ -126,8 +130,8 @@ def _iso(value: datetime | None) -> str | None:
     return value.isoformat(timespec="seconds") + "Z" if value else None
 
 
-def attempt_view(attempt: Attempt) -> dict[str, Any]:
-    """One attempt as JSON-ready data."""
+def attempt_view(attempt: Attempt, unpriced_calls: int = 0) -> dict[str, Any]:
+    """One attempt as JSON-ready data (its cost is unknown when calls were unpriced)."""
     return {
         "number": attempt.number,
         "kind": attempt.kind,
@@ -142,7 +146,7 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
         "runs": attempt.runs,
         "prompt_tokens": attempt.prompt_tokens,
         "completion_tokens": attempt.completion_tokens,
-        "cost_usd": round(attempt.cost_usd, 6),
+        **cost_fields(attempt.cost_usd, unpriced_calls),
     }
 
 
@@ -154,6 +158,13 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             raise JobNotFoundError(f"no job with id {job_id!r}")
         cost = session.scalar(
             select(func.coalesce(func.sum(LlmCall.cost_usd), 0.0)).where(LlmCall.job_id == job_id)
+        )
+        unpriced = dict(
+            session.execute(
+                select(LlmCall.attempt_id, func.count())
+                .where(LlmCall.job_id == job_id, *UNPRICED)
+                .group_by(LlmCall.attempt_id)
+            ).all()
         )
         tiers = [tier["name"] for tier in job.config.get("tiers", [])]
         steps = []
@@ -173,7 +184,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
                     "finished_at": _iso(step.finished_at),
                     "deliveries": step.deliveries,
                     "recoveries": step.recoveries,
-                    "attempts": [attempt_view(a) for a in step.attempts],
+                    "attempts": [attempt_view(a, unpriced.get(a.id, 0)) for a in step.attempts],
                 }
             )
         counts = {status.value: 0 for status in StepStatus}
@@ -188,7 +199,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             "base_commit": job.base_commit,
             "head_commit": job.head_commit,
             "error": job.error,
-            "cost_usd": round(float(cost or 0.0), 6),
+            **cost_fields(float(cost or 0.0), sum(unpriced.values())),
             "budget_usd": job.budget_usd,
             "replay_of": job.replay_of,
             "patch": job.patch_path,

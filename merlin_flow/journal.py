@@ -224,7 +224,7 @@ def record_call(
                     .values(
                         prompt_tokens=Attempt.prompt_tokens + reply.prompt_tokens,
                         completion_tokens=Attempt.completion_tokens + reply.completion_tokens,
-                        cost_usd=Attempt.cost_usd + reply.cost_usd,
+                        cost_usd=Attempt.cost_usd + (reply.cost_usd or 0.0),  # known part
                     )
                     .execution_options(synchronize_session=False)
                 )

@@ -32,7 +32,8 @@ def junit_xml(view: dict[str, Any]) -> str:
     )
     properties = ET.SubElement(suite, "properties")
     for name in ("id", "status", "branch", "base_commit", "head_commit", "cost_usd"):
-        ET.SubElement(properties, "property", name=f"merlin.{name}", value=str(view[name]))
+        value = "unknown" if name == "cost_usd" and view[name] is None else str(view[name])
+        ET.SubElement(properties, "property", name=f"merlin.{name}", value=value)
     for step in steps:
         case = ET.SubElement(
             suite,

@@ -105,7 +105,7 @@ def _steps_table(view: dict[str, Any]) -> Table:
     status = view["status"]
     title = (
         f"job {view['id']} · {view['title']} · "
-        f"[{STATUS_STYLE.get(status, '')}]{status}[/] · ${view['cost_usd']:.4f}"
+        f"[{STATUS_STYLE.get(status, '')}]{status}[/] · {money(view)}"
     )
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("step")
@@ -217,14 +217,29 @@ def _cost_cells(row: dict[str, Any]) -> list[str]:
         str(row["failed_calls"]),
         str(row["prompt_tokens"]),
         str(row["completion_tokens"]),
-        f"${row['cost_usd']:.4f}",
+        money(row),
     ]
+
+
+def money(row: dict[str, Any]) -> str:
+    """A row's cost: `$0.0123`, `unknown`, or `≥$0.0123 (+2 unpriced calls)`.
+
+    `unknown` when no call was priced, the `≥` form when some were not
+    (``merlin_flow.costs`` gives every row ``known_cost_usd`` and ``unpriced_calls``).
+    """
+    unpriced = row.get("unpriced_calls", 0)
+    known = row.get("known_cost_usd", row.get("cost_usd")) or 0.0
+    if not unpriced:
+        return f"${known:.4f}"
+    if not known:
+        return "unknown"
+    return f"≥${known:.4f} (+{unpriced} unpriced call{'s' if unpriced > 1 else ''})"
 
 
 def job_costs_tables(report: dict[str, Any]) -> list[Table]:
     """`merlin costs JOB`: one row per attempt, then per tier, then the escalations."""
     budget = report["budget_usd"]
-    title = f"costs of job {report['job_id']} · total ${report['total']['cost_usd']:.4f}"
+    title = f"costs of job {report['job_id']} · total {money(report['total'])}"
     if budget is not None:
         title += f" of a ${budget:.4f} budget"
     attempts = Table(title=title, title_justify="left")
@@ -253,7 +268,7 @@ def job_costs_tables(report: dict[str, Any]) -> list[Table]:
         for item in report["escalations"]:
             escalations.add_row(
                 item["step"] or "", item["from_tier"] or "", item["to_tier"] or "",
-                Text((item["reason"] or "")[:200]),
+                Text(item["reason"] or ""),
             )  # fmt: skip
         tables.append(escalations)
     return tables
@@ -262,7 +277,7 @@ def job_costs_tables(report: dict[str, Any]) -> list[Table]:
 def costs_since_table(report: dict[str, Any]) -> Table:
     """`merlin costs --since`: totals across jobs, per tier."""
     title = (
-        f"{report['jobs']} jobs since {report['since']} · ${report['total']['cost_usd']:.4f} · "
+        f"{report['jobs']} jobs since {report['since']} · {money(report['total'])} · "
         f"{report['escalations']} escalations"
     )
     table = Table(title=title, title_justify="left")

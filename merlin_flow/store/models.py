@@ -166,7 +166,8 @@ class LlmCall(Base):
     request_hash: Mapped[str] = mapped_column(String(64), index=True)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    """USD paid; NULL for a failed call, or a paid one of unknown price (``llm.call_price``)."""
     latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
     response: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
