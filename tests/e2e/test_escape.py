@@ -50,6 +50,7 @@ printf '#!/bin/sh\\ntouch HOOK_MARKER\\n' > "$gitdir/../../hooks/post-commit" 2>
 printf '#!/bin/sh\\ntouch HOOK_MARKER\\n' > "CHECKOUT/.git/hooks/post-commit" 2>/dev/null \\
   && echo tried-hook-in-checkout
 echo "gitdir: CHECKOUT/.git" > .git 2>/dev/null && echo ESCAPED-git-pointer
+echo contained > attack-report.txt  # the step's work (an unchanged tree is not verified)
 echo attack-finished
 """
 SCRIPT = """\
