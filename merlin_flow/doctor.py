@@ -12,7 +12,9 @@ from pathlib import Path
 
 from merlin_flow.config import MerlinConfig, SandboxMode
 from merlin_flow.credentials import tier_access
+from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import MerlinError
+from merlin_flow.llm import is_priced
 from merlin_flow.sandbox import sandbox_problem
 from merlin_flow.settings import Settings
 
@@ -42,10 +44,18 @@ class Check:
 def run_checks(settings: Settings, config: MerlinConfig, repo: Path | None) -> list[Check]:
     """Every check, in the order a user would fix them."""
     checks = [sandbox_check(config)]
+    config = pin_endpoints(config)  # as a job submitted from here would call them
     problems = {tier.name: tier_access(tier) for tier in config.tiers}
     usable = any(problem is None for problem in problems.values())
     checks += [
-        tier_check(tier.name, problems[tier.name], tier.model, usable) for tier in config.tiers
+        tier_check(
+            tier.name,
+            problems[tier.name],
+            f"{tier.model} at {tier.api_base}" if tier.api_base else tier.model,
+            usable,
+            priced=is_priced(tier),
+        )
+        for tier in config.tiers
     ]
     checks.append(database_check(settings))
     checks += broker_checks(settings)
@@ -69,15 +79,26 @@ def sandbox_check(config: MerlinConfig) -> Check:
     return Check("sandbox", Verdict.OK, "bubblewrap starts a sandbox with no network")
 
 
-def tier_check(name: str, problem: str | None, model: str, another_usable: bool) -> Check:
-    """One tier: its credentials present or its server answering.
+def tier_check(
+    name: str, problem: str | None, model: str, another_usable: bool, *, priced: bool = True
+) -> Check:
+    """One tier: its credentials present or its server answering, and its price known.
 
     An unusable tier fails only when no tier is usable: otherwise jobs pass over it
-    (its attempts fail at once and escalate), which is worth a warning.
+    (its attempts fail at once and escalate), which is worth a warning. So is a tier of
+    unknown price: a job with a budget refuses it.
     """
     if problem:
         verdict = Verdict.WARN if another_usable else Verdict.FAIL
-        return Check(f"tier {name}", verdict, problem, "see docs/reference.md, [[tiers]]")
+        return Check(f"tier {name}", verdict, problem, "see docs/models.md")
+    if not priced:
+        return Check(
+            f"tier {name}",
+            Verdict.WARN,
+            f"{model}: credentials or server found, but its price is unknown, so a job with "
+            "a budget refuses it",
+            "set price_in and price_out on the tier (0 for a free local model); docs/models.md",
+        )
     return Check(f"tier {name}", Verdict.OK, f"{model}: credentials or server found")
 
 

@@ -56,3 +56,20 @@ def test_sandbox_mode_none_is_a_warning(merlin_home: Path, tmp_path: Path) -> No
     assert code == 0
     assert checks["sandbox"]["verdict"] == "warn"
     assert "unconfined" in checks["sandbox"]["detail"]
+
+
+def test_a_server_tier_of_unknown_price_is_a_warning(merlin_home: Path, tmp_path: Path) -> None:
+    from tests.model_server import ModelServer
+
+    with ModelServer() as server:
+        config = tmp_path / "merlin.toml"
+        tier = f'[[tiers]]\nname = "own"\nmodel = "openai/smollm2"\napi_base = "{server.url}"\n'
+        config.write_text(tier)
+        code, checks = doctor("--config", str(config))
+        assert code == 0
+        assert checks["tier own"]["verdict"] == "warn"
+        assert server.url in checks["tier own"]["detail"]
+        assert "price is unknown" in checks["tier own"]["detail"]
+        config.write_text(tier + "price_in = 0.0\nprice_out = 0.0\n")
+        code, checks = doctor("--config", str(config))
+        assert checks["tier own"]["verdict"] == "ok"
