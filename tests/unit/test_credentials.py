@@ -50,6 +50,19 @@ def test_a_local_tier_needs_its_server(monkeypatch: pytest.MonkeyPatch, local_se
     assert tier_access(Tier(name="local", model="ollama_chat/qwen")) is None
 
 
+def test_a_tier_with_its_own_api_base_is_told_to_correct_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its api_base wins over OPENAI_BASE_URL, so the variable is no remedy to offer."""
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    tier = Tier(name="own", model="openai/smollm2", api_base="http://127.0.0.1:9/v1")
+    problem = tier_access(tier)
+    assert problem is not None
+    assert "http://127.0.0.1:9/v1" in problem
+    assert "correct the tier's api_base" in problem
+    assert "OPENAI_BASE_URL" not in problem
+
+
 def test_a_job_needs_one_usable_tier(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     monkeypatch.setenv("OLLAMA_API_BASE", "http://127.0.0.1:9")
