@@ -39,11 +39,11 @@ def tier_access(tier: Tier) -> str | None:
     if base is not None:
         if not _answers(base):
             if tier.api_base is not None:  # the environment's variables would not apply
-                fix = "or correct the tier's api_base"
+                fix = "start it, or correct the tier's api_base"
             else:
                 where = " or ".join(["the tier's api_base", *BASE_VARIABLES.get(tier.provider, ())])
-                fix = f"or set {where} to where it runs"
-            return f"tier {tier.name!r} ({tier.model}): no server answers at {base}; start it, {fix}"
+                fix = f"start it, or set {where} to where it runs"
+            return f"tier {tier.name!r} ({tier.model}): no server answers at {base}; {fix}"
         if tier.api_key_env is not None or tier.provider not in KEYED_AT_ANY_ENDPOINT:
             return None  # its key is checked above, or it is sent none
     from merlin_flow.llm import litellm_module
