@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.execution import NO_CHANGES, Outcome, execute_step, verify_step
 from merlin_flow.jobs import create_job, job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, open_database
+from merlin_flow.store import Database
 from merlin_flow.tasklist import parse_tasklist
 
 ONLY_TALKS = 'rules:\n  - reply: {content: "all done, nothing to change"}\n'
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(f"sqlite:///{tmp_path / 'merlin.db'}")
-    yield database
-    database.dispose()
 
 
 def _job(db: Database, settings: Settings, repo: Path, tmp_path: Path, step_type: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from merlin_flow.jobs import create_job, job_view
 from merlin_flow.leases import Heartbeat, claim
 from merlin_flow.recovery import sweep
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Job, Step, open_database
+from merlin_flow.store import Database, Job, Step
 from merlin_flow.tasklist import parse_tasklist
 from tests.conftest import git, make_repo
 
@@ -38,18 +37,6 @@ rules:
           arguments: {path: app.py, old: "return 41", new: "return 42"}
   - reply: {content: done}
 """
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(f"sqlite:///{tmp_path / 'merlin.db'}")
-    yield database
-    database.dispose()
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path / "home")
 
 
 ONE_STEP = {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}

@@ -26,11 +26,6 @@ def db(database_url: str) -> Iterator[Database]:
     database.dispose()
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path / "home")
-
-
 def _job(
     db: Database, settings: Settings, repo: Path, tmp_path: Path, max_recoveries: int = 2
 ) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from merlin_flow.errors import BudgetExceeded, InputError
 from merlin_flow.jobs import create_job, job_view
 from merlin_flow.llm import call_price, is_priced
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Job, LlmCall, Step, open_database
+from merlin_flow.store import Database, Job, LlmCall, Step
 from merlin_flow.tasklist import parse_tasklist
 from tests.conftest import git
 
@@ -25,18 +24,6 @@ ONE_STEP = parse_tasklist(
 )
 LOCAL = Tier(name="local", model="openai/smollm2", api_base="http://127.0.0.1:9/v1")
 """At its own endpoint, with no price: whatever its name, litellm's map does not apply."""
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = open_database(f"sqlite:///{tmp_path / 'merlin.db'}")
-    yield database
-    database.dispose()
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path / "home")
 
 
 def test_which_tiers_have_a_price(tmp_path: Path) -> None:
