@@ -73,7 +73,6 @@ def run_agent(
     brief: StepBrief,
     toolbox: Toolbox,
     feedback: str | None,
-    max_turns: int,
     on_call: CallHook,
     check_alive: Callable[[], None] = lambda: None,
     *,
@@ -93,7 +92,7 @@ def run_agent(
     limits = limits or Limits()
     messages = transcript if transcript is not None else []
     messages[:] = first_messages(brief, feedback)
-    for turn in range(max_turns):
+    for turn in range(limits.max_turns):
         reply = _call(tier, messages, turn, limits, on_call, check_alive, call_model, sleep)
         messages.append(reply.message)
         if not reply.tool_calls:
@@ -103,7 +102,7 @@ def run_agent(
             function = call.get("function", {})
             output = toolbox.call(function.get("name", ""), function.get("arguments") or "{}")
             messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": output})
-    raise AgentError(f"turn limit reached: {max_turns} model replies without finishing")
+    raise AgentError(f"turn limit reached: {limits.max_turns} model replies without finishing")
 
 
 def _call(

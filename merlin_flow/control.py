@@ -19,19 +19,23 @@ from merlin_flow.budget import require_priced_tiers
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.escalation import AttemptKind
-from merlin_flow.execution import (
-    FINAL_JOB_STATUSES,
-    add_event,
-    end_job_in_session,
-    finalize_job,
-)
 from merlin_flow.leases import queued_values
+from merlin_flow.lifecycle import add_event, close_open_attempts, end_job_in_session, finalize_job
 from merlin_flow.repository import repository_of
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Job, Step, utcnow
-from merlin_flow.tasklist import StepStatus, StepType, TaskList
-
-RESUMABLE = frozenset({"failed", "cancelled", "budget_exceeded"})
+from merlin_flow.store import (
+    FINAL_JOB_STATUSES,
+    RESUMABLE_JOB_STATUSES,
+    AttemptStatus,
+    Database,
+    Job,
+    JobStatus,
+    Phase,
+    Step,
+    StepStatus,
+    utcnow,
+)
+from merlin_flow.tasklist import StepType, TaskList
 
 
 def cancel_job(db: Database, settings: Settings, job_id: str) -> str:
@@ -44,9 +48,9 @@ def cancel_job(db: Database, settings: Settings, job_id: str) -> str:
             raise InputError(f"job {job_id} has already ended ({job.status}); nothing to cancel")
         if all(step.status == StepStatus.COMPLETED for step in job.steps):
             raise InputError(f"job {job_id}: every step has passed; it is being finalized")
-        end_job_in_session(session, job_id, None, "cancelled on request", status="cancelled")
+        end_job_in_session(session, job_id, None, "cancelled on request", JobStatus.CANCELLED)
     finalize_job(db, settings, job_id)  # waits for a worker that holds a step (see there)
-    return "cancelled"
+    return JobStatus.CANCELLED
 
 
 def resume_job(
@@ -71,12 +75,12 @@ def resume_job(
         job = session.get(Job, job_id, with_for_update=True)
         if job is None:
             raise JobNotFoundError(f"no job with id {job_id!r}")
-        if job.status not in RESUMABLE or job.finished_at is None:
+        if job.status not in RESUMABLE_JOB_STATUSES or job.finished_at is None:
             raise InputError(
                 f"job {job_id} is {job.status}; only a failed, cancelled or "
                 "budget_exceeded job that has ended can be resumed"
             )
-        if job.status == "budget_exceeded" and budget_usd is None:
+        if job.status == JobStatus.BUDGET_EXCEEDED and budget_usd is None:
             raise InputError(
                 f"job {job_id} ran out of its budget (${job.budget_usd or 0:.4f}); "
                 "resume it with a larger --budget"
@@ -103,13 +107,11 @@ def resume_job(
             raise InputError(f"tier {tier!r} does not take {first.step_type} steps (step_types)")
         now = utcnow()
         for step in todo:
-            for attempt in step.attempts:  # left running by a lost worker or a cancel
-                if attempt.status in ("running", "committed"):
-                    attempt.status = "cancelled"
-                    attempt.finished_at = now
-            failed_before = any(a.status in ("failed", "error") for a in step.attempts)
+            close_open_attempts(step, AttemptStatus.CANCELLED, now)  # a lost worker's, a cancel's
+            failed = (AttemptStatus.FAILED, AttemptStatus.ERROR)
+            failed_before = any(a.status in failed for a in step.attempts)
             step.status = StepStatus.PENDING
-            step.phase = "attempt"
+            step.phase = Phase.ATTEMPT
             step.next_kind = (AttemptKind.ESCALATE if failed_before else AttemptKind.EXECUTE).value
             step.error = step.result = None
             step.finished_at = None
@@ -120,7 +122,7 @@ def resume_job(
             first.tier_index = tier_index
         for key, value in queued_values(settings.handoff_seconds).items():
             setattr(first, key, value)
-        job.status = "running" if job.started_at else "pending"
+        job.status = JobStatus.RUNNING if job.started_at else JobStatus.PENDING
         job.error = None
         job.finished_at = None
         job.patch_path = None

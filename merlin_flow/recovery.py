@@ -18,11 +18,17 @@ from datetime import datetime
 from sqlalchemy import select, update
 
 from merlin_flow.config import MerlinConfig
-from merlin_flow.execution import FINAL_JOB_STATUSES, add_event, fail_job_in_session, finalize_job
 from merlin_flow.leases import QUEUED, queued_values
+from merlin_flow.lifecycle import add_event, fail_job_in_session, finalize_job
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Job, Step, utcnow
-from merlin_flow.tasklist import FINISHED_STEP_STATUSES
+from merlin_flow.store import (
+    FINAL_JOB_STATUSES,
+    FINISHED_STEP_STATUSES,
+    Database,
+    Job,
+    Step,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""Files for CI pipelines from a finished job: JUnit XML (one test case per step) and the patch.
+"""Reports of a finished job: JUnit XML for CI (a test case per step), the Markdown summary.
 
-Both are written atomically (a temporary file renamed into place), so a pipeline never
-reads half a report.
+Files for pipelines are written atomically (a temporary file renamed into place), so a
+pipeline never reads half a report.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ import tempfile
 import xml.etree.ElementTree as ET
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from merlin_flow.store import Job
 
 
 def junit_xml(view: dict[str, Any]) -> str:
@@ -82,3 +85,26 @@ def _seconds(started: str | None, finished: str | None) -> float:
     begin = datetime.fromisoformat(started.removesuffix("Z"))
     end = datetime.fromisoformat(finished.removesuffix("Z"))
     return max(0.0, (end - begin).total_seconds())
+
+
+def job_summary(job: Job, patch_error: str | None = None) -> str:
+    """A Markdown summary of a finished job: outcome, and each step's attempts."""
+    lines = [
+        f"# {job.title}",
+        "",
+        f"- job: {job.id}, status: **{job.status}**",
+        f"- repository: {job.repo}",
+        f"- branch: {job.branch} ({job.base_commit[:10]}..{job.head_commit[:10]})",
+    ]
+    if job.error:
+        lines.append(f"- error: {job.error}")
+    if patch_error:
+        lines.append(f"- patch: not written, the repository could not be read: {patch_error}")
+    lines += ["", "| step | type | status | attempts (kind@tier: exit code) |", "|---|---|---|---|"]
+    for step in job.steps:
+        attempts = ", ".join(
+            f"{a.kind}@{a.tier}: {a.exit_code if a.exit_code is not None else a.status}"
+            for a in step.attempts
+        )
+        lines.append(f"| {step.key} | {step.step_type} | {step.status} | {attempts} |")
+    return "\n".join(lines) + "\n"

@@ -32,6 +32,11 @@ from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import SandboxUnavailable
 from merlin_flow.process import OUTPUT_TAIL_CHARS, CommandResult, ResourceLimits, run_command
 
+SANDBOX_OFF_WARNING = (
+    'warning: [sandbox] mode = "none": this job\'s commands run unconfined, as the '
+    "worker's user, with its files, network and environment in reach (docs/security.md)"
+)
+"""Shown when a job is submitted, and recorded when it starts, with the sandbox off."""
 WORKSPACE = "/workspace"
 """Where the attempt's worktree is seen by sandboxed commands."""
 ENV_DIR = "/merlin/env"

@@ -2,7 +2,8 @@
 
 A job becomes ``step(s1) | verify(s1) | step(s2) | verify(s2) | ... | finalize`` on three
 queues (``llm``, ``verify``, ``control``). Messages carry a job id and a step key only;
-each task loads its rows and does what the database says is left (``merlin_flow.execution``).
+each task loads its rows and does what the database says is left (``merlin_flow.attempt``,
+``merlin_flow.verdict``, ``merlin_flow.lifecycle``).
 
 Escalation: when verification fails and another attempt is planned, the verify task
 *replaces itself* with ``step(sN) | verify(sN)``; Celery re-attaches the rest of the chain
@@ -23,18 +24,20 @@ from celery import chain, shared_task
 from celery.exceptions import Ignore
 from sqlalchemy.exc import DBAPIError
 
+from merlin_flow.attempt import execute_step
 from merlin_flow.errors import RemoteUnavailable
-from merlin_flow.execution import (
+from merlin_flow.leases import new_token
+from merlin_flow.lifecycle import (
     Outcome,
-    execute_step,
+    PlannedTask,
+    TaskName,
     fail_job,
     finalize_job,
     remaining_tasks,
-    verify_step,
 )
-from merlin_flow.leases import new_token
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import Database, open_database
+from merlin_flow.verdict import verify_step
 
 log = logging.getLogger(__name__)
 
@@ -137,16 +140,16 @@ def verify_signature(job_id: str, step_key: str) -> Any:
     return verify_task.si(job_id, step_key).set(queue=QUEUES[VERIFY_TASK])
 
 
-def job_canvas(job_id: str, tasks: list[tuple[str, str | None]]) -> Any:
+def job_canvas(job_id: str, tasks: list[PlannedTask]) -> Any:
     """The chain for what is left of a job, as listed by ``remaining_tasks``."""
     signatures = []
-    for name, step_key in tasks:
-        if name == "step" and step_key is not None:
-            signatures.append(step_signature(job_id, step_key))
-        elif name == "verify" and step_key is not None:
-            signatures.append(verify_signature(job_id, step_key))
-        else:
+    for task in tasks:
+        if task.name is TaskName.FINALIZE or task.step_key is None:
             signatures.append(finalize_task.si(job_id).set(queue=QUEUES[FINALIZE_TASK]))
+        elif task.name is TaskName.STEP:
+            signatures.append(step_signature(job_id, task.step_key))
+        else:
+            signatures.append(verify_signature(job_id, task.step_key))
     return chain(*signatures)
 
 

@@ -2,15 +2,33 @@
 
 from merlin_flow.store.database import Database, open_database, upgrade
 from merlin_flow.store.models import Attempt, Base, Event, Job, LlmCall, Step, utcnow
+from merlin_flow.store.status import (
+    FINAL_JOB_STATUSES,
+    FINISHED_STEP_STATUSES,
+    OPEN_ATTEMPT_STATUSES,
+    RESUMABLE_JOB_STATUSES,
+    AttemptStatus,
+    JobStatus,
+    Phase,
+    StepStatus,
+)
 
 __all__ = [
+    "FINAL_JOB_STATUSES",
+    "FINISHED_STEP_STATUSES",
+    "OPEN_ATTEMPT_STATUSES",
+    "RESUMABLE_JOB_STATUSES",
     "Attempt",
+    "AttemptStatus",
     "Base",
     "Database",
     "Event",
     "Job",
+    "JobStatus",
     "LlmCall",
+    "Phase",
     "Step",
+    "StepStatus",
     "open_database",
     "upgrade",
     "utcnow",

@@ -26,6 +26,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from merlin_flow.store.status import Phase
+
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_name)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -93,7 +95,7 @@ class Step(Base):
     status: Mapped[str] = mapped_column(String(16))
     # 'attempt': the next attempt must be made; 'verify': the last attempt awaits its
     # exit command; 'done': nothing more to do.
-    phase: Mapped[str] = mapped_column(String(16), default="attempt")
+    phase: Mapped[str] = mapped_column(String(16), default=Phase.ATTEMPT.value)
     tier_index: Mapped[int] = mapped_column(Integer, default=0)
     complexity: Mapped[str | None] = mapped_column(String(16))
     next_kind: Mapped[str] = mapped_column(String(16), default="execute")

@@ -15,7 +15,7 @@ from merlin_flow.agent import (
     first_messages,
     run_agent,
 )
-from merlin_flow.config import Tier
+from merlin_flow.config import Limits, Tier
 from merlin_flow.errors import AgentError, LeaseLost
 from merlin_flow.llm import Completion
 from merlin_flow.tools import Toolbox
@@ -65,7 +65,14 @@ def agent(
     max_turns: int = 5,
     on_call: Calls | None = None,
 ) -> AgentResult:
-    return run_agent(tier, BRIEF, Toolbox(workdir), feedback, max_turns, on_call or Calls())
+    return run_agent(
+        tier,
+        BRIEF,
+        Toolbox(workdir),
+        feedback,
+        on_call or Calls(),
+        limits=Limits(max_turns=max_turns),
+    )
 
 
 def test_tool_calls_of_one_reply_run_in_order(tmp_path: Path, workdir: Path) -> None:
@@ -226,7 +233,9 @@ def test_check_alive_runs_before_each_model_and_tool_call_and_can_stop(
             raise LeaseLost("another worker took the step")
 
     with pytest.raises(LeaseLost):
-        run_agent(tier, BRIEF, Toolbox(workdir), None, 10, calls, check_alive)
+        run_agent(
+            tier, BRIEF, Toolbox(workdir), None, calls, check_alive, limits=Limits(max_turns=10)
+        )
     # model call 1, its tool call, model call 2, its tool call (stopped there)
     assert checks == [0, 1, 1, 2]
     assert len(calls.seen) == 2
@@ -300,7 +309,6 @@ def _rate_limited(times: int) -> tuple[Any, list[int]]:
 
 
 def test_transient_errors_are_retried_with_backoff(tmp_path: Path, workdir: Path) -> None:
-    from merlin_flow.config import Limits
 
     call_model, calls = _rate_limited(times=2)
     slept: list[float] = []
@@ -310,7 +318,6 @@ def test_transient_errors_are_retried_with_backoff(tmp_path: Path, workdir: Path
         BRIEF,
         Toolbox(workdir),
         None,
-        5,
         seen,
         limits=Limits(max_retry_attempts=2, retry_base_delay=0.5),
         call_model=call_model,
@@ -324,7 +331,6 @@ def test_transient_errors_are_retried_with_backoff(tmp_path: Path, workdir: Path
 
 
 def test_transient_errors_past_the_retries_fail_the_attempt(tmp_path: Path, workdir: Path) -> None:
-    from merlin_flow.config import Limits
 
     call_model, calls = _rate_limited(times=10)
     slept: list[float] = []
@@ -334,7 +340,6 @@ def test_transient_errors_past_the_retries_fail_the_attempt(tmp_path: Path, work
             BRIEF,
             Toolbox(workdir),
             None,
-            5,
             Calls(),
             limits=Limits(max_retry_attempts=2, retry_base_delay=0.25),
             call_model=call_model,
@@ -359,7 +364,6 @@ def test_budget_errors_stop_without_retry(tmp_path: Path, workdir: Path) -> None
             BRIEF,
             Toolbox(workdir),
             None,
-            5,
             Calls(),
             call_model=call_model,
             sleep=slept.append,

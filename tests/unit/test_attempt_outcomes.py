@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from merlin_flow.attempt import NO_CHANGES, execute_step
 from merlin_flow.config import Limits, MerlinConfig, Tier
-from merlin_flow.execution import NO_CHANGES, Outcome, execute_step, verify_step
 from merlin_flow.jobs import create_job, job_view
+from merlin_flow.lifecycle import Outcome
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
 from merlin_flow.tasklist import parse_tasklist
+from merlin_flow.verdict import verify_step
 
 ONLY_TALKS = 'rules:\n  - reply: {content: "all done, nothing to change"}\n'
 

@@ -11,21 +11,16 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
+from merlin_flow.attempt import execute_step
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.execution import (
-    Outcome,
-    execute_step,
-    fail_job,
-    fail_job_in_session,
-    finalize_job,
-    verify_step,
-)
 from merlin_flow.jobs import create_job, job_view
 from merlin_flow.leases import Heartbeat, claim
+from merlin_flow.lifecycle import Outcome, fail_job, fail_job_in_session, finalize_job
 from merlin_flow.recovery import sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, Step
 from merlin_flow.tasklist import parse_tasklist
+from merlin_flow.verdict import verify_step
 from tests.conftest import git, make_repo
 
 SCRIPT = """\
@@ -221,8 +216,9 @@ def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
     from merlin_flow.agent import first_messages
-    from merlin_flow.execution import _begin_attempt
+    from merlin_flow.attempt import _begin_attempt
     from merlin_flow.journal import CallContext, record_call
+    from merlin_flow.lifecycle import HeldStep
     from merlin_flow.llm import complete
     from merlin_flow.store import Attempt, LlmCall
     from merlin_flow.tools import TOOL_SCHEMAS
@@ -235,7 +231,9 @@ def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
         step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
     # Run 1: the worker claims the step, pays for turn 0, and dies.
     assert claim(db, step_id, "attempt", "dead", 30)
-    plan, _repo, brief = _begin_attempt(db, job_id, step_id, "dead", config)
+    plan, _repo, brief = _begin_attempt(
+        HeldStep(db, settings, job_id, "s0", step_id, "dead", config)
+    )
     first = complete(tier, first_messages(brief, None), TOOL_SCHEMAS)
     record_call(db, CallContext(job_id, step_id, plan.attempt_id, 1, tier), 0, 0, first, None)
     with db.session() as session:

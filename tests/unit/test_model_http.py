@@ -64,7 +64,6 @@ def agent(
         BRIEF,
         Toolbox(workdir),
         None,
-        5,
         journal,
         limits=limits or Limits(retry_base_delay=0.0),
         **kwargs,

@@ -1,0 +1,80 @@
+"""Every status merlin stores: of jobs, steps, attempts, and the phase a step is in.
+
+The values are the wire format: they are what the database holds, what ``--json`` and
+JUnit reports show and what the docs list. Job and attempt statuses are lowercase; step
+statuses are CamelCase (as TaskList files always spelled them).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life."""
+
+    PENDING = "pending"
+    """Submitted; no worker has started a step."""
+    RUNNING = "running"
+    COMPLETED = "completed"
+    """Every step passed and the job was finalized."""
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    """Stopped before a call or an escalation its budget could not pay for."""
+
+
+FINAL_JOB_STATUSES = frozenset(
+    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.BUDGET_EXCEEDED}
+)
+"""A job with one of these statuses runs no more attempts (it may still be finalizing)."""
+RESUMABLE_JOB_STATUSES = frozenset(
+    {JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.BUDGET_EXCEEDED}
+)
+"""``merlin resume`` takes a job that ended with one of these."""
+
+
+class StepStatus(StrEnum):
+    """Where one step is in its life."""
+
+    PENDING = "Pending"
+    IN_PROGRESS = "InProgress"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"
+
+
+FINISHED_STEP_STATUSES = frozenset({StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED})
+"""A step with one of these statuses will not run again (unless its job is resumed)."""
+
+
+class AttemptStatus(StrEnum):
+    """What became of one attempt at a step."""
+
+    RUNNING = "running"
+    """The agent is working (or its worker was lost: the attempt resumes)."""
+    COMMITTED = "committed"
+    """The agent's changes are committed; verification is next."""
+    ERROR = "error"
+    """The attempt could not finish (a model error, no change, the budget...)."""
+    PASSED = "passed"
+    """The exit command passed on its commit."""
+    FAILED = "failed"
+    """The exit command failed on its commit."""
+    CANCELLED = "cancelled"
+    """Its job ended before it was verified."""
+
+
+OPEN_ATTEMPT_STATUSES = frozenset({AttemptStatus.RUNNING, AttemptStatus.COMMITTED})
+"""An attempt with one of these statuses has no verdict yet."""
+
+
+class Phase(StrEnum):
+    """Which task a step waits for."""
+
+    ATTEMPT = "attempt"
+    """The step task: the next attempt."""
+    VERIFY = "verify"
+    """The verify task: the exit command on the last attempt's commit."""
+    DONE = "done"
+    """Neither: the step has ended."""
