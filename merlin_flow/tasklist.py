@@ -27,6 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from merlin_flow.errors import TaskListError
 
+# Transitional (issue 11): statuses live in the store; imported from here only by ``jobs``.
+from merlin_flow.store.status import FINISHED_STEP_STATUSES as FINISHED_STEP_STATUSES
+from merlin_flow.store.status import StepStatus as StepStatus
+
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
@@ -40,27 +44,15 @@ class StepType(StrEnum):
     TEST = "Test"
 
 
-class StepStatus(StrEnum):
-    """Where one step is in its life."""
-
-    PENDING = "Pending"
-    IN_PROGRESS = "InProgress"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    SKIPPED = "Skipped"
+RECORD_ONLY_FIELDS = ("status", "error", "result")
+"""Fields of a step that TaskLists from earlier versions carried (and a stored job's
+TaskList still has): accepted and ignored. A job's state lives in the store."""
 
 
-class TaskListStatus(StrEnum):
-    """Where a whole TaskList is in its life."""
-
-    NOT_STARTED = "NotStarted"
-    IN_PROGRESS = "InProgress"
-    COMPLETED = "Completed"
-    FAILED = "Failed"
-    CANCELLED = "Cancelled"
-
-
-FINISHED_STEP_STATUSES = frozenset({StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED})
+def _drop_record_only(data: Any, fields: tuple[str, ...]) -> Any:
+    if isinstance(data, dict):
+        return {key: value for key, value in data.items() if key not in fields}
+    return data
 
 
 class TaskStep(BaseModel):
@@ -76,12 +68,6 @@ class TaskStep(BaseModel):
     """What the agent must do, in plain words."""
     verification: str = ""
     """How a person would know the step is done; shown to the agent."""
-    status: StepStatus = StepStatus.PENDING
-    """Lifecycle status; a submitted file normally leaves it Pending."""
-    error: str | None = None
-    """Why the step failed, once it has."""
-    result: str | None = None
-    """What the step produced, once it completed."""
     exit_command: str | None = None
     """Command whose exit code 0 means done; default from config and project kind."""
     agent: str | None = None
@@ -91,55 +77,14 @@ class TaskStep(BaseModel):
     depends_on: list[str] = Field(default_factory=list)
     """Ids of earlier steps this one needs."""
 
-    def start(self) -> None:
-        """Mark the step as being worked on."""
-        self.status = StepStatus.IN_PROGRESS
-
-    def complete(self, result: str | None = None) -> None:
-        """Mark the step done, with what it produced."""
-        self.status = StepStatus.COMPLETED
-        self.result = result
-        self.error = None
-
-    def fail(self, error: str) -> None:
-        """Mark the step failed, with why."""
-        self.status = StepStatus.FAILED
-        self.error = error
-
-    def skip(self, reason: str | None = None) -> None:
-        """Mark the step skipped."""
-        self.status = StepStatus.SKIPPED
-        self.result = reason
-
-    @property
-    def is_finished(self) -> bool:
-        """True once the step is Completed, Failed or Skipped."""
-        return self.status in FINISHED_STEP_STATUSES
-
-
-class Progress(BaseModel):
-    """Counts of steps by status."""
-
-    total: int
-    pending: int
-    in_progress: int
-    completed: int
-    failed: int
-    skipped: int
-
-    @property
-    def finished(self) -> int:
-        """Steps that will not run again."""
-        return self.completed + self.failed + self.skipped
-
-    @property
-    def percent(self) -> float:
-        """Share of finished steps, 0 to 100."""
-        return 100.0 * self.finished / self.total if self.total else 100.0
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_record_only_fields(cls, data: Any) -> Any:
+        return _drop_record_only(data, RECORD_ONLY_FIELDS)
 
 
 class TaskList(BaseModel):
-    """An ordered list of typed steps with a title and a status."""
+    """An ordered list of typed steps with a title: what a job is asked to do."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -149,8 +94,11 @@ class TaskList(BaseModel):
     """A one-line summary of the whole job."""
     steps: list[TaskStep] = Field(default_factory=list)
     """The steps, run in this order."""
-    status: TaskListStatus = TaskListStatus.NOT_STARTED
-    """Lifecycle status of the whole list."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_record_only_fields(cls, data: Any) -> Any:
+        return _drop_record_only(data, ("status",))
 
     @model_validator(mode="after")
     def _check_step_graph(self) -> Self:
@@ -175,54 +123,12 @@ class TaskList(BaseModel):
             earlier.add(step.id)
         return self
 
-    def progress(self) -> Progress:
-        """Count the steps by status."""
-        counts = {status: 0 for status in StepStatus}
-        for step in self.steps:
-            counts[step.status] += 1
-        return Progress(
-            total=len(self.steps),
-            pending=counts[StepStatus.PENDING],
-            in_progress=counts[StepStatus.IN_PROGRESS],
-            completed=counts[StepStatus.COMPLETED],
-            failed=counts[StepStatus.FAILED],
-            skipped=counts[StepStatus.SKIPPED],
-        )
-
     def step(self, step_id: str) -> TaskStep:
         """The step with this id."""
         for step in self.steps:
             if step.id == step_id:
                 return step
         raise KeyError(step_id)
-
-    def next_step(self) -> TaskStep | None:
-        """The first step that is not finished, or None."""
-        return next((s for s in self.steps if not s.is_finished), None)
-
-    def start(self) -> None:
-        """Mark the list as started."""
-        self.status = TaskListStatus.IN_PROGRESS
-
-    def cancel(self) -> None:
-        """Mark the list cancelled; unfinished steps are skipped."""
-        for step in self.steps:
-            if not step.is_finished:
-                step.skip("cancelled")
-        self.status = TaskListStatus.CANCELLED
-
-    def update_status(self) -> TaskListStatus:
-        """Derive the list status from its steps (Cancelled stays Cancelled)."""
-        if self.status is TaskListStatus.CANCELLED:
-            return self.status
-        progress = self.progress()
-        if progress.failed:
-            self.status = TaskListStatus.FAILED
-        elif progress.finished == progress.total and progress.total:
-            self.status = TaskListStatus.COMPLETED
-        elif progress.finished or progress.in_progress:
-            self.status = TaskListStatus.IN_PROGRESS
-        return self.status
 
     def check_submittable(self) -> None:
         """Raise TaskListError when the list cannot be submitted as a job."""

@@ -1,4 +1,4 @@
-"""TaskList / TaskStep: loading, validation messages and lifecycle."""
+"""TaskList / TaskStep: loading, validation messages, record-only fields."""
 
 from __future__ import annotations
 
@@ -11,11 +11,7 @@ from hypothesis import strategies as st
 
 from merlin_flow.errors import InputError, TaskListError
 from merlin_flow.tasklist import (
-    StepStatus,
     StepType,
-    TaskList,
-    TaskListStatus,
-    TaskStep,
     load_tasklist,
     parse_tasklist,
 )
@@ -51,19 +47,6 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def make_list(*statuses: StepStatus) -> TaskList:
-    tasklist = TaskList(
-        title="t",
-        steps=[
-            TaskStep(id=f"s{i}", step_type=StepType.DEBUG, description="d")
-            for i in range(len(statuses))
-        ],
-    )
-    for s, status in zip(tasklist.steps, statuses, strict=True):
-        s.status = status
-    return tasklist
-
-
 # --- loading ---------------------------------------------------------------------------
 
 
@@ -75,12 +58,10 @@ def test_valid_yaml_loads(tmp_path: Path) -> None:
     assert fix.step_type is StepType.DEBUG
     assert fix.exit_command == "python -m pytest -q"
     assert fix.verification == "the tests in test_calc.py pass"
-    assert fix.status is StepStatus.PENDING
     assert test.step_type is StepType.TEST
     assert test.depends_on == ["fix"]
     assert test.tier == "fast"
     assert test.exit_command is None
-    assert tasklist.status is TaskListStatus.NOT_STARTED
     # a generated id is valid in git ref names
     assert len(tasklist.id) == 12
 
@@ -237,88 +218,20 @@ def test_non_empty_list_is_submittable() -> None:
 # --- lifecycle -------------------------------------------------------------------------
 
 
-def test_progress_counts_each_status() -> None:
-    tasklist = make_list(
-        StepStatus.PENDING,
-        StepStatus.PENDING,
-        StepStatus.IN_PROGRESS,
-        StepStatus.COMPLETED,
-        StepStatus.FAILED,
-        StepStatus.SKIPPED,
-        StepStatus.COMPLETED,
-    )
-    progress = tasklist.progress()
-    assert (
-        progress.total,
-        progress.pending,
-        progress.in_progress,
-        progress.completed,
-        progress.failed,
-        progress.skipped,
-    ) == (7, 2, 1, 2, 1, 1)
-    assert progress.finished == 4
-    assert progress.percent == pytest.approx(400 / 7)
-
-
-def test_progress_of_empty_list_is_100_percent() -> None:
-    progress = TaskList(title="t").progress()
-    assert progress.total == 0
-    assert progress.percent == 100.0
-
-
-def test_step_transitions() -> None:
-    s = TaskStep(id="a", step_type=StepType.FEATURE, description="d")
-    assert not s.is_finished
-    s.start()
-    assert s.status is StepStatus.IN_PROGRESS
-    assert not s.is_finished
-    s.fail("boom")
-    assert (s.status, s.error, s.is_finished) == (StepStatus.FAILED, "boom", True)
-    s.complete("done")
-    assert (s.status, s.result, s.error) == (StepStatus.COMPLETED, "done", None)
-    assert s.is_finished
-    s.skip("why")
-    assert (s.status, s.result) == (StepStatus.SKIPPED, "why")
-
-
-def test_update_status_lifecycle() -> None:
-    tasklist = make_list(StepStatus.PENDING, StepStatus.PENDING)
-    assert tasklist.update_status() is TaskListStatus.NOT_STARTED
-    tasklist.steps[0].start()
-    assert tasklist.update_status() is TaskListStatus.IN_PROGRESS
-    tasklist.steps[0].complete("ok")
-    assert tasklist.update_status() is TaskListStatus.IN_PROGRESS
-    assert tasklist.next_step() is tasklist.steps[1]
-    tasklist.steps[1].complete("ok")
-    assert tasklist.update_status() is TaskListStatus.COMPLETED
-    assert tasklist.status is TaskListStatus.COMPLETED
-    assert tasklist.next_step() is None
-
-
-def test_update_status_failed_wins_over_progress() -> None:
-    tasklist = make_list(StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.PENDING)
-    assert tasklist.update_status() is TaskListStatus.FAILED
-
-
-def test_all_skipped_counts_as_completed() -> None:
-    tasklist = make_list(StepStatus.SKIPPED, StepStatus.COMPLETED)
-    assert tasklist.update_status() is TaskListStatus.COMPLETED
-
-
-def test_cancel_skips_unfinished_and_sticks() -> None:
-    tasklist = make_list(StepStatus.COMPLETED, StepStatus.IN_PROGRESS, StepStatus.PENDING)
-    tasklist.steps[0].result = "kept"
-    tasklist.cancel()
-    assert tasklist.status is TaskListStatus.CANCELLED
-    assert [s.status for s in tasklist.steps] == [
-        StepStatus.COMPLETED,
-        StepStatus.SKIPPED,
-        StepStatus.SKIPPED,
-    ]
-    assert tasklist.steps[0].result == "kept"
-    assert tasklist.steps[1].result == "cancelled"
-    # Cancelled stays Cancelled whatever the steps say
-    assert tasklist.update_status() is TaskListStatus.CANCELLED
+def test_state_fields_of_earlier_versions_are_accepted_and_ignored() -> None:
+    """A TaskList once carried statuses; a job's state lives in the store now."""
+    data = {
+        "title": "old file",
+        "status": "Completed",
+        "steps": [{**step("a"), "status": "Failed", "error": "boom", "result": "x"}],
+    }
+    tasklist = parse_tasklist(data)
+    assert tasklist.steps[0].id == "a"
+    dumped = tasklist.model_dump()
+    assert "status" not in dumped
+    assert set(dumped["steps"][0]) & {"status", "error", "result"} == set()
+    with pytest.raises(TaskListError, match="Extra inputs are not permitted"):
+        parse_tasklist({"title": "t", "steps": [{**step("a"), "progress": 1}]})
 
 
 def test_step_lookup() -> None:
@@ -345,26 +258,12 @@ def valid_step_data(draw: st.DrawFn) -> list[dict[str, object]]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=valid_step_data(), statuses=st.lists(st.sampled_from(list(StepStatus)), max_size=8))
-def test_earlier_dependencies_always_validate(
-    steps: list[dict[str, object]], statuses: list[StepStatus]
-) -> None:
+@given(steps=valid_step_data())
+def test_earlier_dependencies_always_validate(steps: list[dict[str, object]]) -> None:
     tasklist = parse_tasklist({"title": "prop", "steps": steps})
     tasklist.check_submittable()
     assert [s.id for s in tasklist.steps] == [s["id"] for s in steps]
-    for s, status in zip(tasklist.steps, statuses, strict=False):
-        s.status = status
-    progress = tasklist.progress()
-    assert progress.total == len(steps)
-    assert (
-        progress.pending
-        + progress.in_progress
-        + progress.completed
-        + progress.failed
-        + progress.skipped
-        == len(steps)
-    )
-    assert 0.0 <= progress.percent <= 100.0
+    assert [s.depends_on for s in tasklist.steps] == [s["depends_on"] for s in steps]
 
 
 @settings(max_examples=40, deadline=None)
