@@ -27,10 +27,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from merlin_flow.errors import TaskListError
 
-# Transitional (issue 11): statuses live in the store; imported from here only by ``jobs``.
-from merlin_flow.store.status import FINISHED_STEP_STATUSES as FINISHED_STEP_STATUSES
-from merlin_flow.store.status import StepStatus as StepStatus
-
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
@@ -42,6 +38,15 @@ class StepType(StrEnum):
     REFACTOR = "Refactor"
     VERIFY = "Verify"
     TEST = "Test"
+
+
+def __getattr__(name: str) -> Any:
+    """Transitional (issue 11): step statuses live in ``merlin_flow.store.status``."""
+    if name in ("StepStatus", "FINISHED_STEP_STATUSES"):
+        from merlin_flow.store import status
+
+        return getattr(status, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 RECORD_ONLY_FIELDS = ("status", "error", "result")

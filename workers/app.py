@@ -14,7 +14,7 @@ from __future__ import annotations
 from celery import Celery
 
 from merlin_flow.settings import Settings, get_settings
-from merlin_flow.workflow import ALL_QUEUES, QUEUES
+from workers.tasks import ALL_QUEUES, QUEUES
 
 # Redis: a step may run for many minutes; its message must not be redelivered meanwhile.
 # Our own leases and the recovery sweep recover lost steps much sooner.
@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None) -> Celery:
 
         sqla_transport.Transport.polling_interval = settings.broker_poll_interval
         settings.home_dir.mkdir(parents=True, exist_ok=True)
-    app = Celery("merlin_flow", broker=settings.broker, include=["merlin_flow.workflow"])
+    app = Celery("merlin_flow", broker=settings.broker, include=["workers.tasks"])
     transport_options: dict[str, object] = {}
     if settings.broker.startswith(("redis://", "rediss://")):
         transport_options = {

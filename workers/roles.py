@@ -18,8 +18,8 @@ from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
 from merlin_flow.llm import preload
-from merlin_flow.workflow import ALL_QUEUES, runtime
 from workers.sweeper import Sweeper
+from workers.tasks import ALL_QUEUES, runtime
 
 _sweepers: list[Sweeper] = []
 

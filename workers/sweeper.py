@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, inspect, text
 from merlin_flow.recovery import sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.workflow import enqueue_job
+from workers.canvas import enqueue_job
 
 log = logging.getLogger(__name__)
 

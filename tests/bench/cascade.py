@@ -165,7 +165,7 @@ def run_strategy(
     from merlin_flow.settings import get_settings
     from merlin_flow.store import Job, LlmCall, open_database
     from merlin_flow.tasklist import parse_tasklist
-    from merlin_flow.workflow import enqueue_job
+    from workers.canvas import enqueue_job
 
     settings = get_settings()
     db = open_database(settings.database)

@@ -2,10 +2,11 @@
 
 Run: ``python -m tests.bench.overhead`` (about 6 minutes; ``--backends embedded`` for the
 embedded one only). For each backend (the embedded SQLite store and broker; Redis +
-Postgres on this machine) it starts one real ``merlin worker`` (prefork, 2 processes,
-every queue) and measures, in one run:
+Postgres on this machine) it starts one real worker of merlin's Celery app (prefork, 2
+processes, every queue; ``tests/bench/noop_worker.py`` adds the no-op task) and
+measures, in one run:
 
-- a bare chain: ``2 * steps + 1`` no-op tasks (``merlin.noop``) alternating the llm and
+- a bare chain: ``2 * steps + 1`` no-op tasks (``merlin.bench.noop``) alternating the llm and
   verify queues like a job's step and verify tasks, then a final one on control; time
   from publishing to the last task, divided by ``steps``;
 - a merlin job of ``steps`` steps whose scripted model answers at once and whose exit
@@ -82,11 +83,24 @@ class Bench:
         self.markers.mkdir()
 
     def start_worker(self) -> None:
-        from tests.e2e.helpers import merlin_env, start_worker, wait_for
+        import subprocess
+
+        from tests.e2e.helpers import merlin_env, wait_for
 
         log = self.work / "worker.log"
         env = merlin_env(self.work / "home", **{k: v for k, v in self.env.items()})
-        self.worker = start_worker(env, log, "--concurrency", "2", "--loglevel", "WARNING")
+        # merlin's worker (`merlin worker` runs the same app) plus the no-op baseline task.
+        command = [sys.executable, "-m", "celery", "-A", "tests.bench.noop_worker", "worker"]
+        options = ["--queues=control,llm,verify", "--concurrency=2", "--loglevel=WARNING"]
+        with log.open("ab") as handle:
+            self.worker = subprocess.Popen(
+                [*command, *options],
+                env=env,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=Path(__file__).resolve().parents[2],
+            )
         wait_for(lambda: "ready" in log.read_text(errors="replace") or self._ping(), 90, "worker")
 
     def _ping(self) -> bool:
@@ -101,7 +115,7 @@ class Bench:
 
     def bare_chains(self, count: int, tasks: int, timeout: float = 300) -> float | None:
         """Seconds for ``count`` chains of ``tasks`` no-ops published at once; None on timeout."""
-        from merlin_flow.workflow import noop_chain
+        from tests.bench.noop_worker import noop_chain
 
         self.app.set_default()
         markers = [self.markers / uuid.uuid4().hex for _ in range(count)]
@@ -121,7 +135,7 @@ class Bench:
 
         from merlin_flow.jobs import create_job
         from merlin_flow.store import Job
-        from merlin_flow.workflow import enqueue_job
+        from workers.canvas import enqueue_job
 
         self.app.set_default()
         ids = [

@@ -238,9 +238,9 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
 ) -> None:
     from celery.exceptions import Ignore
 
-    from merlin_flow import workflow
     from merlin_flow.leases import claim
     from merlin_flow.store import Step
+    from workers import tasks as worker_tasks
 
     settings = _machine(tmp_path, "m")
     db = open_database(settings.database)
@@ -250,7 +250,7 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
     job_id = create_job(db, settings, tasklist, py_repo, load_config())
     with db.reader() as session:
         step_id = session.get_one(Job, job_id).steps[0].id
-    monkeypatch.setattr(workflow, "runtime", lambda: (db, settings))
+    monkeypatch.setattr(worker_tasks, "runtime", lambda: (db, settings))
 
     def failing_with(error: Exception) -> object:
         def work(db_: object, settings_: object, token: str) -> None:
@@ -260,7 +260,7 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
         return work
 
     with pytest.raises(RemoteUnavailable):  # the task fails; its lease will run out
-        workflow._guard(job_id, "s1", failing_with(RemoteUnavailable("remote down")))
+        worker_tasks._guard(job_id, "s1", failing_with(RemoteUnavailable("remote down")))
     with db.reader() as session:
         assert session.get_one(Job, job_id).status == "pending"
         assert session.get_one(Step, step_id).status == "Pending"
@@ -268,7 +268,7 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
     with db.session() as session:
         session.get_one(Step, step_id).lease_owner = None
     with pytest.raises(Ignore):
-        workflow._guard(job_id, "s1", failing_with(GitError("push refused")))
+        worker_tasks._guard(job_id, "s1", failing_with(GitError("push refused")))
     with db.reader() as session:
         job = session.get_one(Job, job_id)
         assert job.status == "failed"
