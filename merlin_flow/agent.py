@@ -16,7 +16,7 @@ from merlin_flow.config import Limits, Tier
 from merlin_flow.endpoints import describe
 from merlin_flow.errors import AgentError, BudgetExceeded, ModelUnreachable
 from merlin_flow.escalation import MODEL_UNREACHABLE, Action, Failure, FailureKind, decide
-from merlin_flow.llm import Completion, complete
+from merlin_flow.llm import Completion, ModelCall, complete
 from merlin_flow.model_errors import ModelFailure, examine, retry_after
 from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
 
@@ -36,7 +36,7 @@ step back to you or to a stronger model with the command's output.
 class StepBrief:
     """What the agent is told about the step it works on."""
 
-    step_id: str
+    step_key: str
     step_type: str
     description: str
     verification: str
@@ -46,7 +46,7 @@ class StepBrief:
 def first_messages(brief: StepBrief, feedback: str | None) -> list[dict[str, Any]]:
     """The opening conversation of an attempt."""
     lines = [
-        f"Step {brief.step_id} ({brief.step_type}): {brief.description}",
+        f"Step {brief.step_key} ({brief.step_type}): {brief.description}",
         f"Done when: {brief.verification}" if brief.verification else "",
         f"Exit command that must succeed: {brief.exit_command}",
     ]
@@ -65,7 +65,6 @@ class AgentResult:
 
 
 CallHook = Callable[[int, Completion | None, BaseException | None], None]
-ModelCall = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], Completion]
 
 
 def run_agent(

@@ -19,9 +19,9 @@ from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.endpoints import describe
 from merlin_flow.errors import BudgetExceeded, InputError
 from merlin_flow.llm import call_price, is_priced, litellm_module
-from merlin_flow.scripted import conversation_text, count_tokens
 from merlin_flow.store import Database, LlmCall
 from merlin_flow.tasklist import TaskList
+from merlin_flow.tokens import conversation_text, count_tokens
 
 
 def prompt_tokens(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> int:

@@ -26,11 +26,10 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.config import Tier
 from merlin_flow.errors import ReplayDiverged
-from merlin_flow.llm import Completion, complete, request_hash
+from merlin_flow.llm import Completion, ModelCall, complete, request_hash
 from merlin_flow.store import Attempt, Database, LlmCall
 
 ModelCheck = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], None]
-ModelCall = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], Completion]
 
 
 @dataclass(frozen=True)

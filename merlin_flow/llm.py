@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,10 @@ NULL_CONTENT_PROVIDERS = frozenset({"gemini", "vertex_ai", "vertex_ai_beta"})
 content: litellm turns an empty string into an empty text part, which Gemini refuses.
 Everyone else gets "": litellm drops a null content key, and OpenAI-compatible servers'
 chat templates (llama.cpp's) fail without one. Anthropic's conversion skips "" either way."""
+
+
+ModelCall = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], Completion]
+"""How a model is called: ``complete``, or a journal's replay or the response cache."""
 
 
 def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:

@@ -74,7 +74,7 @@ def score(step: TaskStep) -> int:
     return points
 
 
-def classify(step: TaskStep) -> Complexity:
+def complexity_of(step: TaskStep) -> Complexity:
     """Simple, medium or complex."""
     points = score(step)
     if points <= 0:
@@ -86,7 +86,7 @@ def classify(step: TaskStep) -> Complexity:
 
 def start_tier(step: TaskStep, config: MerlinConfig) -> tuple[int, Complexity]:
     """The index of the tier the step starts on, and the step's complexity."""
-    complexity = classify(step)
+    complexity = complexity_of(step)
     if step.tier:
         return config.tier_index(step.tier), complexity
     index = 0

@@ -23,7 +23,6 @@ token).
 from __future__ import annotations
 
 import json
-import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -33,9 +32,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from merlin_flow.errors import ConfigError
+from merlin_flow.tokens import conversation_text, count_tokens
 
 PROVIDER = "scripted"
-CHARS_PER_TOKEN = 4
 
 
 class ScriptedToolCall(BaseModel):
@@ -120,26 +119,6 @@ class Script(BaseModel):
         text = conversation_text(messages)
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         return next((rule.reply for rule in self.rules if rule.fits(text, turn)), None)
-
-
-def conversation_text(messages: list[dict[str, Any]]) -> str:
-    """All message contents and tool-call arguments, one message per paragraph."""
-    parts = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        if content:
-            parts.append(str(content))
-        for call in message.get("tool_calls") or []:
-            function = call.get("function", {}) if isinstance(call, dict) else {}
-            parts.append(f"{function.get('name', '')} {function.get('arguments', '')}")
-    return "\n\n".join(parts)
-
-
-def count_tokens(text: str) -> int:
-    """Deterministic token count used for the scripted model's usage."""
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 def load_script(path: str | Path) -> Script:

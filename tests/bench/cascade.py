@@ -161,7 +161,7 @@ def run_strategy(
     from sqlalchemy import func, select
 
     from merlin_flow.jobs import create_job
-    from merlin_flow.routing import Complexity, classify
+    from merlin_flow.routing import Complexity, complexity_of
     from merlin_flow.settings import get_settings
     from merlin_flow.store import Job, LlmCall, open_database
     from merlin_flow.tasklist import parse_tasklist
@@ -186,7 +186,7 @@ def run_strategy(
             }
         )
         expected = {"easy": Complexity.SIMPLE, "medium": Complexity.MEDIUM}
-        assert classify(tasklist.steps[0]) is expected.get(job.difficulty, Complexity.COMPLEX)
+        assert complexity_of(tasklist.steps[0]) is expected.get(job.difficulty, Complexity.COMPLEX)
         job_id = create_job(db, settings, tasklist, repo, config_for(work, job, strategy))
         enqueue_job(db, job_id)
         ids[job_id] = job

@@ -21,7 +21,7 @@ from merlin_flow.llm import Completion
 from merlin_flow.tools import Toolbox
 
 BRIEF = StepBrief(
-    step_id="s1",
+    step_key="s1",
     step_type="code",
     description="Make answer() return 42",
     verification="the tests pass",

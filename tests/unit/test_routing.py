@@ -8,7 +8,7 @@ import pytest
 
 from merlin_flow.config import MerlinConfig, Routing, Tier, load_config
 from merlin_flow.errors import ConfigError
-from merlin_flow.routing import Complexity, classify, start_tier
+from merlin_flow.routing import Complexity, complexity_of, start_tier
 from merlin_flow.tasklist import StepType, TaskStep
 
 S, M, C = Complexity.SIMPLE, Complexity.MEDIUM, Complexity.COMPLEX
@@ -39,7 +39,7 @@ CASES = [
 @pytest.mark.parametrize(("step_type", "description", "expected"), CASES)
 def test_classifier(step_type: StepType, description: str, expected: Complexity) -> None:
     step = TaskStep(id="s", step_type=step_type, description=description)
-    assert classify(step) is expected
+    assert complexity_of(step) is expected
 
 
 def _config(**routing: str) -> MerlinConfig:

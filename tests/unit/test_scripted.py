@@ -12,7 +12,8 @@ import yaml
 
 from merlin_flow.config import Tier
 from merlin_flow.errors import ConfigError
-from merlin_flow.scripted import Script, conversation_text, count_tokens, load_script
+from merlin_flow.scripted import Script, load_script
+from merlin_flow.tokens import conversation_text, count_tokens
 
 
 def script(*rules: dict[str, Any]) -> Script:
@@ -80,11 +81,6 @@ def test_match_sees_tool_call_arguments_and_list_content() -> None:
     assert content_of(s, [{"role": "user", "content": parts}]) == "list"
 
 
-def test_conversation_text_joins_messages_as_paragraphs() -> None:
-    text = conversation_text([user("one"), user("two"), {"role": "assistant", "content": None}])
-    assert text == "one\n\ntwo"
-
-
 def test_turn_counts_assistant_messages() -> None:
     s = script(
         {"turn": 0, **reply("t0")},
@@ -112,17 +108,6 @@ def test_reply_for_is_pure() -> None:
     messages = [user("x")]
     assert content_of(s, messages) == "once"
     assert content_of(s, messages) == "once"
-
-
-# --- count_tokens ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "tokens"), [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2), ("x" * 400, 100)]
-)
-def test_count_tokens(text: str, tokens: int) -> None:
-    assert count_tokens(text) == tokens
-    assert count_tokens(text) == tokens  # no hidden state between calls
 
 
 # --- load_script -----------------------------------------------------------------------
