@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
 
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.jobs import create_job, job_view
-from merlin_flow.leases import QUEUED, claim, renew
+from merlin_flow.leases import QUEUED, Heartbeat, claim, renew
 from merlin_flow.recovery import sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step, upgrade, utcnow
@@ -134,3 +136,30 @@ def test_sweep_requeues_a_stale_queued_step_without_counting(
     # A second sweep right after finds a fresh handoff lease and does nothing.
     assert sweep(db, settings, enqueued.append) == []
     assert enqueued == [job_id]
+
+
+class _BrokenDatabase:
+    def session(self) -> Any:
+        raise RuntimeError("database unreachable")
+
+
+def test_heartbeat_counts_a_lease_lost_when_it_cannot_renew() -> None:
+    with Heartbeat(_BrokenDatabase(), 1, "me", 0.3) as heartbeat:  # type: ignore[arg-type]
+        assert not heartbeat.lost
+        time.sleep(0.5)
+        assert heartbeat.lost
+
+
+def test_heartbeat_sees_a_lease_taken_over(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = _job(db, settings, py_repo, tmp_path)
+    with db.reader() as session:
+        step_ids = session.scalars(select(Step.id).where(Step.job_id == job_id)).all()
+    step_id = min(step_ids)
+    assert claim(db, step_id, "attempt", "me", 30)
+    with Heartbeat(db, step_id, "me", 0.3) as heartbeat:
+        with db.session() as session:
+            session.execute(update(Step).where(Step.id == step_id).values(lease_owner="thief"))
+        time.sleep(0.25)
+        assert heartbeat.lost

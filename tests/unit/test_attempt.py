@@ -1,0 +1,159 @@
+"""The step task's work, driven directly (no Celery): retries, resumed and empty attempts."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from merlin_flow.attempt import NO_CHANGES, execute_step
+from merlin_flow.config import Limits, MerlinConfig, Tier
+from merlin_flow.jobs import create_job, job_view
+from merlin_flow.leases import claim
+from merlin_flow.lifecycle import Outcome
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Step
+from merlin_flow.tasklist import parse_tasklist
+from merlin_flow.verdict import verify_step
+from tests.unit.scripted_jobs import ONE_STEP, SCRIPT, priced_tier
+
+
+def _rate_limited_then_premium(tmp_path: Path, limits: Any) -> MerlinConfig:
+    """A local tier that always answers RateLimitError, and a premium tier that works."""
+    local = tmp_path / "local.yaml"
+    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
+    premium = tmp_path / "premium.yaml"
+    premium.write_text(SCRIPT)
+    return MerlinConfig(
+        tiers=[
+            Tier(name="local", model=f"scripted/{local}"),
+            Tier(name="premium", model=f"scripted/{premium}", price_in=3.0, price_out=15.0),
+        ],
+        limits=limits,
+    )
+
+
+def test_rate_limited_tier_retries_then_escalates(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    """Transient errors: same-tier retries with backoff, then a capability failure."""
+    from merlin_flow.config import Limits
+    from merlin_flow.store import LlmCall
+
+    config = _rate_limited_then_premium(
+        tmp_path, Limits(max_retry_attempts=2, retry_base_delay=0.01, fix_attempts=1)
+    )
+    tasklist = parse_tasklist(ONE_STEP)
+    job_id = create_job(db, settings, tasklist, py_repo, config)
+    outcomes = []
+    for n in range(3):
+        outcomes.append(execute_step(db, settings, job_id, "s0", f"w:{n}a"))
+        outcomes.append(verify_step(db, settings, job_id, "s0", f"w:{n}b"))
+    assert outcomes == [Outcome.CONTINUE, Outcome.RETRY] * 2 + [Outcome.CONTINUE] * 2
+    view = job_view(db, job_id)
+    attempts = view["steps"][0]["attempts"]
+    assert [(a["kind"], a["tier"], a["status"]) for a in attempts] == [
+        ("execute", "local", "error"),
+        ("fix", "local", "error"),
+        ("escalate", "premium", "passed"),
+    ]
+    assert "after 2 retries" in attempts[0]["error"]
+    with db.reader() as session:
+        errors = session.scalars(
+            select(LlmCall.error).where(LlmCall.job_id == job_id, LlmCall.tier == "local")
+        ).all()
+    assert len(errors) == 6  # 1 call + 2 retries, in each of the two local attempts
+    assert all(error is not None and error.startswith("RateLimitError") for error in errors)
+
+
+def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.agent import first_messages
+    from merlin_flow.attempt import _begin_attempt
+    from merlin_flow.journal import CallContext, record_call
+    from merlin_flow.lifecycle import HeldStep
+    from merlin_flow.llm import complete
+    from merlin_flow.store import Attempt, LlmCall
+    from merlin_flow.tools import TOOL_SCHEMAS
+
+    tier = priced_tier(tmp_path, price_out=2.0)
+    config = MerlinConfig(tiers=[tier])
+    tasklist = parse_tasklist(ONE_STEP)
+    job_id = create_job(db, settings, tasklist, py_repo, config)
+    with db.reader() as session:
+        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
+    # Run 1: the worker claims the step, pays for turn 0, and dies.
+    assert claim(db, step_id, "attempt", "dead", 30)
+    plan, _repo, brief = _begin_attempt(
+        HeldStep(db, settings, job_id, "s0", step_id, "dead", config)
+    )
+    first = complete(tier, first_messages(brief, None), TOOL_SCHEMAS)
+    record_call(db, CallContext(job_id, step_id, plan.attempt_id, 1, tier), 0, 0, first, None)
+    with db.session() as session:
+        session.execute(
+            update(Step).where(Step.id == step_id).values(lease_expires_at=datetime(2000, 1, 1))
+        )
+    # Run 2: a new worker takes over the same attempt.
+    assert execute_step(db, settings, job_id, "s0", "alive") is Outcome.CONTINUE
+    with db.reader() as session:
+        calls = session.execute(
+            select(LlmCall.run, LlmCall.turn, LlmCall.replayed, LlmCall.cost_usd).order_by(
+                LlmCall.seq
+            )
+        ).all()
+        attempt = session.scalars(select(Attempt)).one()
+    assert [(c.run, c.turn, c.replayed) for c in calls] == [
+        (1, 0, False),
+        (2, 0, True),
+        (2, 1, False),
+    ]
+    assert calls[1].cost_usd == 0
+    assert attempt.runs == 2
+    assert attempt.cost_usd == pytest.approx(calls[0].cost_usd + calls[2].cost_usd)
+    assert job_view(db, job_id)["cost_usd"] == pytest.approx(attempt.cost_usd, abs=1e-6)
+
+
+ONLY_TALKS = 'rules:\n  - reply: {content: "all done, nothing to change"}\n'
+
+
+def _talking_job(
+    db: Database, settings: Settings, repo: Path, tmp_path: Path, step_type: str
+) -> str:
+    script = tmp_path / "talks.yaml"
+    script.write_text(ONLY_TALKS)
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{script}")],
+        limits=Limits(fix_attempts=0),
+        exit_commands={step_type: "true"},
+    )
+    steps = [{"id": "s0", "step_type": step_type, "description": "answer 42"}]
+    return create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), repo, config)
+
+
+def test_an_attempt_that_changed_nothing_fails_without_verification(
+    db: Database, py_repo: Path, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    job_id = _talking_job(db, settings, py_repo, tmp_path, "Debug")
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    attempt = job_view(db, job_id)["steps"][0]["attempts"][0]
+    assert attempt["status"] == "error"
+    assert attempt["error"] == NO_CHANGES.format(turns=1)
+    verify_step(db, settings, job_id, "s0", "w:2")
+    view = job_view(db, job_id)
+    assert view["status"] == "failed"  # its exit command (`true`) would have passed
+    assert view["steps"][0]["attempts"][0]["exit_code"] is None  # never run
+    assert "changed no file" in view["error"]
+
+
+def test_a_verify_step_may_change_nothing(db: Database, py_repo: Path, tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    job_id = _talking_job(db, settings, py_repo, tmp_path, "Verify")
+    execute_step(db, settings, job_id, "s0", "w:1")
+    verify_step(db, settings, job_id, "s0", "w:2")
+    attempt = job_view(db, job_id)["steps"][0]["attempts"][0]
+    assert (attempt["status"], attempt["exit_code"]) == ("passed", 0)

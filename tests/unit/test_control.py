@@ -1,0 +1,83 @@
+"""Cancel and resume on real git and SQLite."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, update
+
+from merlin_flow.attempt import execute_step
+from merlin_flow.jobs import job_view
+from merlin_flow.leases import claim
+from merlin_flow.lifecycle import Outcome
+from merlin_flow.recovery import sweep
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Job, Step
+from merlin_flow.verdict import verify_step
+from tests.conftest import git
+from tests.unit.scripted_jobs import scripted_job
+
+
+def test_cancel_between_phases_keeps_the_branch_and_finalizes_at_once(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.control import cancel_job
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE  # committed
+    cancel_job(db, settings, job_id)  # no worker holds the step: closed now
+    view = job_view(db, job_id)
+    assert (view["status"], view["finished_at"] is not None) == ("cancelled", True)
+    assert view["steps"][0]["status"] == "Skipped"
+    assert view["steps"][0]["attempts"][0]["status"] == "cancelled"
+    # The queued verify message arrives later: it does nothing.
+    assert verify_step(db, settings, job_id, "s0", "w:2") is Outcome.STOP
+    assert git(py_repo, "rev-parse", f"merlin/{job_id}") == git(py_repo, "rev-parse", "main")
+
+
+def test_cancel_waits_for_the_worker_holding_a_step_or_for_its_lease_to_expire(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.control import cancel_job
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    with db.reader() as session:
+        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
+    assert claim(db, step_id, "attempt", "busy-worker", 30)
+    cancel_job(db, settings, job_id)
+    view = job_view(db, job_id)
+    assert view["status"] == "cancelled"
+    assert view["finished_at"] is None  # its worker stops at its next call and closes it
+    # The worker died instead: once its lease expired, the sweep closes the job.
+    with db.session() as session:
+        session.execute(
+            update(Step).where(Step.id == step_id).values(lease_expires_at=datetime(2000, 1, 1))
+        )
+    assert sweep(db, settings, lambda _job: None) == []
+    assert job_view(db, job_id)["finished_at"] is not None
+
+
+def test_resume_refuses_what_it_cannot_do(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.control import cancel_job, resume_job
+    from merlin_flow.errors import InputError
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    with pytest.raises(InputError, match="only a failed, cancelled or budget_exceeded"):
+        resume_job(db, settings, job_id)
+    cancel_job(db, settings, job_id)
+    with pytest.raises(InputError, match="already ended"):
+        cancel_job(db, settings, job_id)
+    with pytest.raises(InputError, match="unknown tier 'gold'"):
+        resume_job(db, settings, job_id, tier="gold")
+    with db.session() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(status="budget_exceeded"))
+    with pytest.raises(InputError, match="resume it with a larger --budget"):
+        resume_job(db, settings, job_id)
+    assert resume_job(db, settings, job_id, budget_usd=2.0) == "s0"
+    view = job_view(db, job_id)
+    assert (view["status"], view["budget_usd"], view["finished_at"]) == ("pending", 2.0, None)
+    assert view["steps"][0]["status"] == "Pending"
