@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
 from merlin_flow.config import Limits
+from merlin_flow.store.status import AttemptStatus
 
 if TYPE_CHECKING:
     from merlin_flow.store import Attempt
@@ -166,7 +167,7 @@ def _describe(attempt: Attempt, chars: int) -> str:
 
 def feedback_for(kind: AttemptKind, attempts: list[Attempt]) -> str | None:
     """The text an attempt of ``kind`` is given about the attempts before it."""
-    failed = [a for a in attempts if a.status in ("failed", "error")]
+    failed = [a for a in attempts if a.status in (AttemptStatus.FAILED, AttemptStatus.ERROR)]
     if kind is AttemptKind.EXECUTE or not failed:
         return None
     if kind is AttemptKind.FIX:

@@ -13,6 +13,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from merlin_flow.store.status import StepStatus
+
 if TYPE_CHECKING:
     from merlin_flow.store import Job
 
@@ -20,8 +22,9 @@ if TYPE_CHECKING:
 def junit_xml(view: dict[str, Any]) -> str:
     """The job (``jobs.job_view``) as a JUnit XML document: a test case per step."""
     steps = view["steps"]
-    failures = sum(1 for s in steps if s["status"] == "Failed")
-    skipped = sum(1 for s in steps if s["status"] in ("Skipped", "Pending", "InProgress"))
+    failures = sum(1 for s in steps if s["status"] == StepStatus.FAILED)
+    unfinished = (StepStatus.SKIPPED, StepStatus.PENDING, StepStatus.IN_PROGRESS)
+    skipped = sum(1 for s in steps if s["status"] in unfinished)
     suites = ET.Element("testsuites")
     suite = ET.SubElement(
         suites,
@@ -50,12 +53,12 @@ def junit_xml(view: dict[str, Any]) -> str:
             + (f" (exit code {a['exit_code']})" if a["exit_code"] is not None else "")
             for a in step["attempts"]
         )
-        if step["status"] == "Failed":
+        if step["status"] == StepStatus.FAILED:
             failure = ET.SubElement(case, "failure", message=(step["error"] or "failed")[:500])
             last = step["attempts"][-1] if step["attempts"] else None
             tail = (last or {}).get("output_tail") or ""
             failure.text = f"{attempts}\n\n{tail}".strip()
-        elif step["status"] != "Completed":
+        elif step["status"] != StepStatus.COMPLETED:
             ET.SubElement(case, "skipped", message=step["result"] or "not run")
         else:
             ET.SubElement(
