@@ -19,9 +19,6 @@ _EXPORTS: dict[str, str] = {
     "TaskList": "merlin_flow.tasklist",
     "TaskStep": "merlin_flow.tasklist",
     "StepType": "merlin_flow.tasklist",
-    "StepStatus": "merlin_flow.tasklist",
-    "TaskListStatus": "merlin_flow.tasklist",
-    "Progress": "merlin_flow.tasklist",
     "load_tasklist": "merlin_flow.tasklist",
     "parse_tasklist": "merlin_flow.tasklist",
     # Configuration
@@ -34,11 +31,16 @@ _EXPORTS: dict[str, str] = {
     "Environment": "merlin_flow.config",
     "Settings": "merlin_flow.settings",
     "get_settings": "merlin_flow.settings",
+    # Statuses
+    "JobStatus": "merlin_flow.store.status",
+    "StepStatus": "merlin_flow.store.status",
+    "AttemptStatus": "merlin_flow.store.status",
+    "Phase": "merlin_flow.store.status",
     # Jobs
     "create_job": "merlin_flow.jobs",
     "job_view": "merlin_flow.jobs",
     "list_jobs": "merlin_flow.jobs",
-    "enqueue_job": "merlin_flow.workflow",
+    "enqueue_job": "workers.canvas",
     "cancel_job": "merlin_flow.control",
     "resume_job": "merlin_flow.control",
     "job_costs": "merlin_flow.costs",
