@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.jobs import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
@@ -48,3 +48,18 @@ def scripted_job(
         }
     )
     return create_job(db, settings, tasklist, repo, config)
+
+
+def rate_limited_then_premium(tmp_path: Path, limits: Limits) -> MerlinConfig:
+    """A local tier that always answers RateLimitError, and a premium tier that works."""
+    local = tmp_path / "local.yaml"
+    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
+    premium = tmp_path / "premium.yaml"
+    premium.write_text(SCRIPT)
+    return MerlinConfig(
+        tiers=[
+            Tier(name="local", model=f"scripted/{local}"),
+            Tier(name="premium", model=f"scripted/{premium}", price_in=3.0, price_out=15.0),
+        ],
+        limits=limits,
+    )

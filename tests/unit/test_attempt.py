@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -18,22 +17,7 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step
 from merlin_flow.tasklist import parse_tasklist
 from merlin_flow.verdict import verify_step
-from tests.unit.scripted_jobs import ONE_STEP, SCRIPT, priced_tier
-
-
-def _rate_limited_then_premium(tmp_path: Path, limits: Any) -> MerlinConfig:
-    """A local tier that always answers RateLimitError, and a premium tier that works."""
-    local = tmp_path / "local.yaml"
-    local.write_text("rules:\n  - reply: {error: RateLimitError}\n")
-    premium = tmp_path / "premium.yaml"
-    premium.write_text(SCRIPT)
-    return MerlinConfig(
-        tiers=[
-            Tier(name="local", model=f"scripted/{local}"),
-            Tier(name="premium", model=f"scripted/{premium}", price_in=3.0, price_out=15.0),
-        ],
-        limits=limits,
-    )
+from tests.unit.scripted_jobs import ONE_STEP, priced_tier, rate_limited_then_premium
 
 
 def test_rate_limited_tier_retries_then_escalates(
@@ -43,7 +27,7 @@ def test_rate_limited_tier_retries_then_escalates(
     from merlin_flow.config import Limits
     from merlin_flow.store import LlmCall
 
-    config = _rate_limited_then_premium(
+    config = rate_limited_then_premium(
         tmp_path, Limits(max_retry_attempts=2, retry_base_delay=0.01, fix_attempts=1)
     )
     tasklist = parse_tasklist(ONE_STEP)
