@@ -37,7 +37,9 @@ _EXPORTS: dict[str, str] = {
     "AttemptStatus": "merlin_flow.store.status",
     "Phase": "merlin_flow.store.status",
     # Jobs
-    "create_job": "merlin_flow.jobs",
+    "submit_job": "merlin_flow.submission",
+    "Submission": "merlin_flow.submission",
+    "create_job": "merlin_flow.submission",
     "job_view": "merlin_flow.jobs",
     "list_jobs": "merlin_flow.jobs",
     "enqueue_job": "workers.canvas",

@@ -1,129 +1,22 @@
-"""Creating jobs and reading them back: what ``submit``, ``status`` and ``list`` use.
+"""Reading jobs back: the views ``status``, ``list``, ``logs`` and ``watch`` print.
 
-``create_job`` validates everything first (the TaskList, the repository, tiers named by
-steps, an exit command for every step) and writes nothing until all of it holds; then it
-creates the job branch at the repository's HEAD (the remote's, for a git URL) and the
-job's rows. Enqueuing the job is
-the caller's business (``merlin_flow.workflow.enqueue_job``).
+Each view is JSON-ready data (what ``--json`` prints, documented in docs/reference.md).
+Creating a job is ``merlin_flow.submission``.
 """
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 
-from merlin_flow.budget import require_priced_tiers
-from merlin_flow.config import MerlinConfig
 from merlin_flow.costs import UNPRICED, cost_fields
-from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import InputError, JobNotFoundError
-from merlin_flow.execution import add_event
-from merlin_flow.leases import queued_values
-from merlin_flow.repository import (
-    JobRepository,
-    refusals_as_input_errors,
-    repository_for_input,
-    repository_of,
-)
-from merlin_flow.routing import start_tier
+from merlin_flow.repository import repository_of
 from merlin_flow.settings import Settings
-from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
-from merlin_flow.tasklist import StepStatus, TaskList
-from merlin_flow.verify import exit_command_for
-from merlin_flow.workspace import diff, job_branch
-
-
-def new_job_id() -> str:
-    """A short unique job id (safe in branch names)."""
-    return uuid.uuid4().hex[:12]
-
-
-def create_job(
-    db: Database,
-    settings: Settings,
-    tasklist: TaskList,
-    repo: JobRepository | Path | str,
-    config: MerlinConfig,
-    budget_usd: float | None = None,
-    *,
-    base_commit: str | None = None,
-    replay_of: str | None = None,
-    exit_commands: list[str] | None = None,
-) -> str:
-    """Validate and record a job; returns its id. Raises InputError and writes nothing.
-
-    ``repo`` is a git work tree's path or a git URL (see ``merlin_flow.repository``).
-    The job starts from ``base_commit`` (the repository's HEAD when unset). A job with
-    ``replay_of`` takes its model answers from that job's journal (``merlin replay``),
-    and the original's ``exit_commands`` (one per step) rather than today's defaults.
-    """
-    tasklist.check_submittable()
-    config = pin_endpoints(config)  # the submitter's endpoints, for every worker
-    budget_usd = budget_usd if budget_usd is not None else config.budget_usd
-    require_priced_tiers(config, tasklist, budget_usd)
-    source = repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
-    starts = [start_tier(step, config) for step in tasklist.steps]
-    with refusals_as_input_errors(source):
-        base = base_commit or source.base_commit()
-        commands = exit_commands
-        if not commands:
-            with source.files_at(base) as files:
-                commands = default_exit_commands(tasklist, config, files)
-        job_id = new_job_id()
-        branch = job_branch(job_id)
-        source.start_branch(branch, base)
-    try:
-        with db.session() as session:
-            job = Job(
-                id=job_id,
-                title=tasklist.title,
-                repo=source.location,
-                status="pending",
-                branch=branch,
-                base_commit=base,
-                head_commit=base,
-                tasklist=tasklist.model_dump(mode="json"),
-                config=config.model_dump(mode="json"),
-                budget_usd=budget_usd,
-                replay_of=replay_of,
-            )
-            session.add(job)
-            for position, (step, (start, complexity), command) in enumerate(
-                zip(tasklist.steps, starts, commands, strict=True)
-            ):
-                row = Step(
-                    position=position,
-                    key=step.id,
-                    step_type=step.step_type.value,
-                    description=step.description,
-                    verification=step.verification,
-                    exit_command=command,
-                    agent=step.agent,
-                    depends_on=list(step.depends_on),
-                    status=StepStatus.PENDING.value,
-                    phase="attempt",
-                    tier_index=start,
-                    complexity=complexity.value,
-                    next_kind="execute",
-                )
-                if position == 0:
-                    for key, value in queued_values(settings.handoff_seconds).items():
-                        setattr(row, key, value)
-                job.steps.append(row)
-            add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
-    except BaseException:
-        source.drop_branch(branch)
-        raise
-    return job_id
-
-
-def default_exit_commands(tasklist: TaskList, config: MerlinConfig, files: Path) -> list[str]:
-    """Each step's exit command, for the project whose files are in ``files``."""
-    return [exit_command_for(step, config, files) for step in tasklist.steps]
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, StepStatus
+from merlin_flow.workspace import diff
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -40,15 +40,6 @@ class StepType(StrEnum):
     TEST = "Test"
 
 
-def __getattr__(name: str) -> Any:
-    """Transitional (issue 11): step statuses live in ``merlin_flow.store.status``."""
-    if name in ("StepStatus", "FINISHED_STEP_STATUSES"):
-        from merlin_flow.store import status
-
-        return getattr(status, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 RECORD_ONLY_FIELDS = ("status", "error", "result")
 """Fields of a step that TaskLists from earlier versions carried (and a stored job's
 TaskList still has): accepted and ignored. A job's state lives in the store."""

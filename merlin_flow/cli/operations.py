@@ -1,44 +1,111 @@
-"""Commands that operate on jobs already submitted: watch, cancel, resume, logs."""
+"""Commands that run merlin's machinery or act on it: worker, flower, cancel, db upgrade."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from merlin_flow.cli.app import (
-    BudgetOption,
-    JsonOption,
-    _finish,
-    _guarded,
-    _state,
-    app,
-    console,
-)
-
-JobArg = Annotated[str, typer.Argument(help="The job id.")]
+from merlin_flow.cli.common import JobArg, console, err_console, guarded, state, usage_error
 
 
-@app.command()
-def watch(job_id: JobArg) -> None:
-    """Follow a job live (steps, status, tier, attempt, elapsed) until it ends.
+def worker(
+    queues: Annotated[
+        str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")
+    ] = "control,llm,verify",
+    concurrency: Annotated[
+        int | None, typer.Option("--concurrency", "-c", help="Worker processes.", min=1)
+    ] = None,
+    pool: Annotated[
+        str,
+        typer.Option(
+            "--pool", "-P", help="prefork for exit commands (CPU), threads for the llm queue (I/O)."
+        ),
+    ] = "prefork",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    sandbox: Annotated[
+        str,
+        typer.Option(
+            "--sandbox",
+            help="bwrap: refuse to start without bubblewrap. none: start without it; "
+            "jobs that ask for the sandbox then fail on this worker, with the reason.",
+        ),
+    ] = "bwrap",
+) -> None:
+    """Run a Celery worker for merlin's queues."""
+    import uuid
 
-    Exit code 0 when it completed, 1 when it failed, was cancelled or ran out of budget.
+    from merlin_flow.sandbox import sandbox_problem
+    from workers.app import app as celery_app
+
+    if sandbox not in ("bwrap", "none"):
+        err_console.print(f"[red]error:[/] unknown --sandbox {sandbox!r}: use bwrap or none")
+        raise typer.Exit(2)
+    problem = sandbox_problem() if sandbox == "bwrap" else None
+    if problem:
+        err_console.print(f"[red]error:[/] {escape(problem)}", highlight=False)
+        err_console.print("start it with --sandbox none to serve only unsandboxed jobs")
+        raise typer.Exit(2)
+    if sandbox == "none":
+        err_console.print(
+            "[yellow]warning: this worker has no sandbox; a job that asks for bwrap fails "
+            "on it with the reason[/]"
+        )
+
+    argv = [
+        "worker",
+        f"--queues={queues}",
+        f"--loglevel={loglevel}",
+        f"--hostname=merlin-{uuid.uuid4().hex[:6]}@%h",
+        f"--pool={pool}",
+    ]
+    if pool not in ("prefork", "threads", "solo"):
+        err_console.print(f"[red]error:[/] unknown pool {pool!r}: use prefork, threads or solo")
+        raise typer.Exit(2)
+    if concurrency:
+        argv.append(f"--concurrency={concurrency}")
+    celery_app.worker_main(argv)
+
+
+def flower(
+    port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 5555,
+    address: Annotated[
+        str, typer.Option("--address", help="Interface to bind (all: 0.0.0.0).")
+    ] = "127.0.0.1",
+    basic_auth: Annotated[
+        str | None,
+        typer.Option(
+            "--basic-auth",
+            envvar="MERLIN_FLOWER_BASIC_AUTH",
+            help="user:password for the UI and the HTTP API (env MERLIN_FLOWER_BASIC_AUTH).",
+        ),
+    ] = None,
+) -> None:
+    """Run Flower on merlin's Celery app (needs the Redis broker).
+
+    Without --basic-auth, Flower's HTTP API stays closed (unless FLOWER_UNAUTHENTICATED_API
+    is set) and the UI binds to 127.0.0.1 only. Flower keeps tasks in memory; job history
+    is merlin's store (`merlin list`, `merlin status`).
     """
+    from merlin_flow.settings import get_settings
 
-    def work() -> None:
-        from merlin_flow.jobs import job_status
+    settings = get_settings()
+    if settings.broker_is_embedded:
+        raise usage_error(
+            "Flower needs the Redis broker (the embedded broker has no event fanout): "
+            "set MERLIN_BROKER_URL=redis://host:6379/0 for the workers and for Flower"
+        )
+    if basic_auth is not None and ":" not in basic_auth.strip(":"):
+        raise usage_error("--basic-auth must be user:password")
+    from workers.app import app as celery_app
 
-        _, db = _state()
-        job_status(db, job_id)  # an unknown job is an input error before anything is drawn
-        _finish(db, job_id, as_json=False)
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if basic_auth:
+        argv.append(f"--basic-auth={basic_auth}")
+    celery_app.start(argv)
 
-    _guarded(work)
 
-
-@app.command()
 def cancel(job_id: JobArg) -> None:
     """Cancel a job: pending steps never start, the running step stops at its next turn."""
 
@@ -46,7 +113,7 @@ def cancel(job_id: JobArg) -> None:
         from merlin_flow.control import cancel_job
         from merlin_flow.jobs import job_view
 
-        settings, db = _state()
+        settings, db = state()
         cancel_job(db, settings, job_id)
         view = job_view(db, job_id)
         if view["finished_at"] is None:
@@ -57,61 +124,20 @@ def cancel(job_id: JobArg) -> None:
         else:
             console.print(f"job {job_id} cancelled; branch {view['branch']} kept as it was")
 
-    _guarded(work)
+    guarded(work)
 
 
-@app.command()
-def resume(
-    job_id: JobArg,
-    tier: Annotated[
-        str | None,
-        typer.Option("--tier", help="Tier for the first unverified step (default: as reached)."),
-    ] = None,
-    budget: BudgetOption = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Block until the job ends.")] = False,
-    as_json: JsonOption = False,
-) -> None:
-    """Continue a failed or cancelled job from its first unverified step, on the workers."""
+def db_upgrade() -> None:
+    """Create or upgrade the schema of MERLIN_DATABASE_URL to the newest revision."""
 
     def work() -> None:
-        from merlin_flow.control import resume_job
-        from merlin_flow.workflow import enqueue_job
-        from workers.app import app as celery_app
+        from merlin_flow.settings import get_settings
+        from merlin_flow.store import Database, upgrade
+        from merlin_flow.store.database import current_revision
 
-        settings, db = _state()
-        step = resume_job(db, settings, job_id, tier=tier, budget_usd=budget)
-        celery_app.set_default()
-        enqueue_job(db, job_id)
-        if as_json and not wait:
-            console.print_json(json.dumps({"job_id": job_id, "step": step}))
-        elif not as_json:
-            console.print(f"job {job_id} resumed from step {escape(step)}")
-        if wait:
-            _finish(db, job_id, as_json)
+        settings = get_settings()
+        db = Database(settings.database)
+        upgrade(db)
+        console.print(f"database at revision {current_revision(db)}: {db.engine.url!r}")
 
-    _guarded(work)
-
-
-@app.command()
-def logs(
-    job_id: JobArg,
-    step: Annotated[str | None, typer.Option("--step", help="Only this step (its id).")] = None,
-    as_json: JsonOption = False,
-) -> None:
-    """The agent transcript and exit command output of every attempt of a job."""
-
-    def work() -> None:
-        from merlin_flow.cli.render import attempt_log
-        from merlin_flow.jobs import job_logs
-
-        _, db = _state()
-        entries = job_logs(db, job_id, step)
-        if as_json:
-            console.print_json(json.dumps(entries))
-            return
-        if not entries:
-            console.print(f"job {job_id}: no attempt has started yet")
-        for entry in entries:
-            console.print(attempt_log(entry))
-
-    _guarded(work)
+    guarded(work)

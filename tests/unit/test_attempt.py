@@ -10,11 +10,12 @@ from sqlalchemy import select, update
 
 from merlin_flow.attempt import NO_CHANGES, execute_step
 from merlin_flow.config import Limits, MerlinConfig, Tier
-from merlin_flow.jobs import create_job, job_view
+from merlin_flow.jobs import job_view
 from merlin_flow.leases import claim
 from merlin_flow.lifecycle import Outcome
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step
+from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import ONE_STEP, priced_tier, rate_limited_then_premium

@@ -8,10 +8,11 @@ from sqlalchemy import select
 
 from merlin_flow.attempt import execute_step
 from merlin_flow.config import MerlinConfig
-from merlin_flow.jobs import create_job, job_view
+from merlin_flow.jobs import job_view
 from merlin_flow.lifecycle import Outcome
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
+from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import ONE_STEP, priced_tier

@@ -8,10 +8,10 @@ from sqlalchemy import select
 
 from merlin_flow.attempt import execute_step
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.jobs import create_job
 from merlin_flow.lifecycle import Outcome, finalize_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
+from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 from merlin_flow.verdict import verify_step
 from tests.conftest import git

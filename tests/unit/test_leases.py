@@ -12,11 +12,12 @@ import pytest
 from sqlalchemy import select, update
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.jobs import create_job, job_view
+from merlin_flow.jobs import job_view
 from merlin_flow.leases import QUEUED, Heartbeat, claim, renew
 from merlin_flow.recovery import sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step, upgrade, utcnow
+from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 
 

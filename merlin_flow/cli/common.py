@@ -1,0 +1,95 @@
+"""What every command shares: the consoles, the options, the error guard, the store.
+
+Exit codes: 0 success, 1 the job failed (or an internal error), 2 bad input (a usage
+error, an invalid TaskList or config, a path that is not a git work tree...). Heavy
+modules (SQLAlchemy, Celery, litellm) are imported inside the commands, so that
+``merlin --help`` starts at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from merlin_flow.errors import InputError, MerlinError
+
+if TYPE_CHECKING:
+    from merlin_flow.settings import Settings
+    from merlin_flow.store import Database
+
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+RepoOption = Annotated[
+    str,
+    typer.Option(
+        "--repo",
+        help="The git repository to work on: a path every worker sees, or a git URL.",
+        show_default="current dir",
+    ),
+]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="merlin.toml to use instead of <repo>/merlin.toml.")
+]
+BudgetOption = Annotated[
+    float | None,
+    typer.Option(
+        "--budget",
+        help="Most the job may spend on model calls, in USD (default: budget_usd in config).",
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+JunitOption = Annotated[
+    Path | None,
+    typer.Option("--junit", help="Write JUnit XML here when the job ends: a test case per step."),
+]
+PatchOption = Annotated[
+    Path | None, typer.Option("--patch", help="Write the job's diff here when the job ends.")
+]
+WaitOption = Annotated[bool, typer.Option("--wait", help="Block until the job ends.")]
+TaskListArg = Annotated[Path, typer.Argument(help="TaskList file (YAML or JSON).")]
+JobArg = Annotated[str, typer.Argument(help="The job id.")]
+
+
+def guarded(work: Callable[[], T]) -> T:
+    """Run a command's work; a MerlinError is printed and exits with its code."""
+    try:
+        return work()
+    except MerlinError as exc:
+        err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def usage_error(message: str) -> typer.Exit:
+    """Print ``message`` as an error; the exit (code 2) to raise."""
+    err_console.print(f"[red]error:[/] {escape(message)}", highlight=False)
+    return typer.Exit(2)
+
+
+def state() -> tuple[Settings, Database]:
+    """The settings of this process, and the database they name."""
+    from merlin_flow.settings import get_settings
+    from merlin_flow.store import open_database
+
+    settings = get_settings()
+    return settings, open_database(settings.database)
+
+
+def check_report_paths(*paths: Path | None) -> None:
+    """InputError, before any job exists, for a report path that cannot be written."""
+    for path in paths:
+        if path is None:
+            continue
+        target = path.expanduser()
+        if target.is_dir():
+            raise InputError(f"{path} is a directory; give a file name for the report")
+        folder = next((p for p in target.absolute().parents if p.exists()), None)
+        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise InputError(f"cannot write a report to {path}: {folder} is not a writable folder")

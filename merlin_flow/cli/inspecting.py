@@ -1,0 +1,167 @@
+"""Commands that read jobs: ``status``, ``list``, ``watch``, ``logs``, ``costs`` and ``doctor``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from merlin_flow.cli.common import ConfigOption, JobArg, JsonOption, console, guarded, state
+from merlin_flow.cli.following import finish
+from merlin_flow.errors import InputError
+
+
+def status(
+    job_id: JobArg,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a job: status, steps, tiers, attempts, exit codes."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import steps_table
+        from merlin_flow.jobs import job_view
+
+        _, db = state()
+        view = job_view(db, job_id)
+        if as_json:
+            console.print_json(json.dumps(view))
+            return
+        console.print(steps_table(view))
+        console.print(f"branch: {view['branch']}")
+        if view["error"]:
+            console.print(f"[red]error:[/] {escape(view['error'])}")
+        if view["patch"]:
+            console.print(f"patch: {view['patch']}")
+
+    guarded(work)
+
+
+def list_(as_json: JsonOption = False) -> None:
+    """List recent jobs, newest first."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import jobs_table
+        from merlin_flow.jobs import list_jobs
+
+        _, db = state()
+        jobs = list_jobs(db)
+        if as_json:
+            console.print_json(json.dumps(jobs))
+        else:
+            console.print(jobs_table(jobs))
+
+    guarded(work)
+
+
+def watch(job_id: JobArg) -> None:
+    """Follow a job live (steps, status, tier, attempt, elapsed) until it ends.
+
+    Exit code 0 when it completed, 1 when it failed, was cancelled or ran out of budget.
+    """
+
+    def work() -> None:
+        from merlin_flow.jobs import job_status
+
+        _, db = state()
+        job_status(db, job_id)  # an unknown job is an input error before anything is drawn
+        finish(db, job_id, as_json=False)
+
+    guarded(work)
+
+
+def logs(
+    job_id: JobArg,
+    step: Annotated[str | None, typer.Option("--step", help="Only this step (its id).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The agent transcript and exit command output of every attempt of a job."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import attempt_log
+        from merlin_flow.jobs import job_logs
+
+        _, db = state()
+        entries = job_logs(db, job_id, step)
+        if as_json:
+            console.print_json(json.dumps(entries))
+            return
+        if not entries:
+            console.print(f"job {job_id}: no attempt has started yet")
+        for entry in entries:
+            console.print(attempt_log(entry))
+
+    guarded(work)
+
+
+def costs(
+    job_id: Annotated[str | None, typer.Argument(help="A job id (omit with --since).")] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Totals across jobs created since, e.g. 7d.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Calls, tokens and cost of a job (per step, tier, attempt), or totals since a time."""
+
+    def work() -> None:
+        from merlin_flow.cli.render import costs_since_table, job_costs_tables
+        from merlin_flow.costs import costs_since, job_costs, parse_since
+
+        if (job_id is None) == (since is None):
+            raise InputError("give a JOB id or --since (like --since 7d): one of the two")
+        _, db = state()
+        if job_id is not None:
+            report = job_costs(db, job_id)
+            tables = job_costs_tables(report)
+        else:
+            report = costs_since(db, parse_since(since or ""))
+            tables = [costs_since_table(report)]
+        if as_json:
+            console.print_json(json.dumps(report))
+        else:
+            for table in tables:
+                console.print(table)
+
+    guarded(work)
+
+
+def doctor(
+    repo: Annotated[
+        Path | None, typer.Option("--repo", help="Also plan this repository's environment.")
+    ] = None,
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check that jobs can run here: sandbox, tiers, database, broker, workers, environment.
+
+    Exits 0 when no check fails (warnings allowed), 1 otherwise.
+    """
+
+    def work() -> int:
+        from rich.table import Table
+        from rich.text import Text
+
+        from merlin_flow.config import load_config
+        from merlin_flow.doctor import Verdict, run_checks
+        from merlin_flow.settings import get_settings
+        from merlin_flow.workspace import find_repository
+
+        top = find_repository(repo) if repo is not None else None
+        checks = run_checks(get_settings(), load_config(top, config), top)
+        failed = any(check.verdict is Verdict.FAIL for check in checks)
+        if as_json:
+            console.print_json(json.dumps([check.as_dict() for check in checks]))
+            return 1 if failed else 0
+        table = Table(title="merlin doctor", title_justify="left")
+        for column in ("check", "", "found", "fix"):
+            table.add_column(column, overflow="fold")
+        style = {Verdict.OK: "green", Verdict.WARN: "yellow", Verdict.FAIL: "red"}
+        for check in checks:
+            verdict = Text(check.verdict.value, style=style[check.verdict])
+            table.add_row(check.name, verdict, Text(check.detail), Text(check.fix or ""))
+        console.print(table)
+        return 1 if failed else 0
+
+    raise typer.Exit(guarded(work))

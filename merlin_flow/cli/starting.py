@@ -1,0 +1,214 @@
+"""Commands that start work: ``run``, ``submit``, ``resume``, ``replay`` and ``demo``.
+
+Each is thin: the library checks and records (``submission.submit_job``,
+``control.resume_job``, ``replay.create_replay``), then the job is enqueued for the
+workers or worked in this process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+
+from merlin_flow.cli.common import (
+    BudgetOption,
+    ConfigOption,
+    JobArg,
+    JsonOption,
+    JunitOption,
+    PatchOption,
+    RepoOption,
+    TaskListArg,
+    WaitOption,
+    check_report_paths,
+    console,
+    err_console,
+    guarded,
+    state,
+)
+from merlin_flow.cli.following import enqueue, finish, follow, run_embedded, show_diff
+from merlin_flow.errors import InputError
+
+if TYPE_CHECKING:
+    from merlin_flow.store import Database
+    from merlin_flow.submission import Submission
+
+
+def _submit(
+    tasklist: Path,
+    repo: str,
+    config: Path | None,
+    budget: float | None,
+    works_here: bool = False,
+    check_tiers: bool = True,
+) -> tuple[Database, str]:
+    """Check and record the job (nothing enqueued yet); warn when its sandbox is off."""
+    from merlin_flow.submission import submit_job
+
+    settings, db = state()
+    submission = submit_job(
+        db, settings, tasklist, repo, config, budget, works_here=works_here, check_tiers=check_tiers
+    )
+    _warn_when_unconfined(submission)
+    return db, submission.job_id
+
+
+def _warn_when_unconfined(submission: Submission) -> None:
+    from merlin_flow.config import SandboxMode
+    from merlin_flow.sandbox import SANDBOX_OFF_WARNING
+
+    if submission.config.sandbox.mode is SandboxMode.NONE:
+        err_console.print(f"[yellow]{escape(SANDBOX_OFF_WARNING)}[/]", highlight=False)
+
+
+def run(
+    tasklist: TaskListArg,
+    repo: RepoOption = ".",
+    config: ConfigOption = None,
+    budget: BudgetOption = None,
+    as_json: JsonOption = False,
+    junit: JunitOption = None,
+    patch: PatchOption = None,
+) -> None:
+    """Submit a TaskList and work it in this process, with live progress."""
+
+    def work() -> None:
+        check_report_paths(junit, patch)
+        db, job_id = _submit(tasklist, repo, config, budget, works_here=True)
+        run_embedded(db, job_id, as_json, until=lambda: finish(db, job_id, as_json, junit, patch))
+
+    guarded(work)
+
+
+def submit(
+    tasklist: TaskListArg,
+    repo: RepoOption = ".",
+    config: ConfigOption = None,
+    budget: BudgetOption = None,
+    wait: WaitOption = False,
+    as_json: JsonOption = False,
+    junit: JunitOption = None,
+    patch: PatchOption = None,
+    workers_hold_keys: Annotated[
+        bool,
+        typer.Option(
+            "--workers-hold-keys",
+            help="Skip the check that a tier's key or server is reachable from here: the "
+            "workers have their own environment.",
+        ),
+    ] = False,
+) -> None:
+    """Enqueue a TaskList for the workers (`merlin worker`) and print the job id.
+
+    For pipelines: `--wait --json` prints the final job as JSON and exits 0 (completed),
+    1 (failed, cancelled, budget exceeded) or 2 (bad input); `--junit` and `--patch`
+    write reports when the job ends.
+    """
+
+    def work() -> None:
+        if (junit or patch) and not wait:
+            raise InputError("--junit and --patch are written when the job ends: add --wait")
+        check_report_paths(junit, patch)
+        db, job_id = _submit(tasklist, repo, config, budget, check_tiers=not workers_hold_keys)
+        enqueue(db, job_id)
+        if as_json:
+            if not wait:
+                console.print_json(json.dumps({"job_id": job_id}))
+        else:
+            console.print(job_id)
+        if wait:
+            finish(db, job_id, as_json, junit, patch)
+
+    guarded(work)
+
+
+def resume(
+    job_id: JobArg,
+    tier: Annotated[
+        str | None,
+        typer.Option("--tier", help="Tier for the first unverified step (default: as reached)."),
+    ] = None,
+    budget: BudgetOption = None,
+    wait: WaitOption = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Continue a failed or cancelled job from its first unverified step, on the workers."""
+
+    def work() -> None:
+        from merlin_flow.control import resume_job
+
+        settings, db = state()
+        step = resume_job(db, settings, job_id, tier=tier, budget_usd=budget)
+        enqueue(db, job_id)
+        if as_json and not wait:
+            console.print_json(json.dumps({"job_id": job_id, "step": step}))
+        elif not as_json:
+            console.print(f"job {job_id} resumed from step {escape(step)}")
+        if wait:
+            finish(db, job_id, as_json)
+
+    guarded(work)
+
+
+def replay(
+    job_id: Annotated[str, typer.Argument(help="A finished job to replay.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Re-run a finished job offline from its journal, on a new branch, and compare.
+
+    Exit code 0 when the replay reached the same attempts and trees at every step.
+    """
+
+    def work() -> None:
+        from merlin_flow.cli.render import replay_table
+        from merlin_flow.replay import compare, create_replay
+
+        settings, db = state()
+        replay_id = create_replay(db, settings, job_id)
+        run_embedded(db, replay_id, as_json, until=lambda: follow(db, replay_id, as_json))
+        report = compare(db, settings, replay_id)
+        if as_json:
+            console.print_json(json.dumps(report.to_json()))
+        else:
+            console.print(replay_table(report))
+            verdict = "[green]reproduced[/]" if report.reproduced else "[red]NOT reproduced[/]"
+            console.print(
+                f"replay {replay_id} of {job_id}: {verdict}; "
+                f"{report.identical_requests}/{report.calls} requests identical to the original's"
+            )
+            for line in report.differences:
+                console.print(f"  - {escape(line)}", highlight=False)
+        if not report.reproduced:
+            raise typer.Exit(1)
+
+    guarded(work)
+
+
+def demo() -> None:
+    """Run a bundled 3-step job with scripted models, showing a tier escalation."""
+
+    def work() -> None:
+        from merlin_flow.demo import prepare_demo
+        from merlin_flow.submission import create_job
+
+        settings, db = state()
+        demo_repo, tasklist, config = prepare_demo()
+
+        console.rule("merlin demo")
+        console.print(
+            "[bold yellow]Models are scripted[/]: offline and deterministic, replaying "
+            "examples/demo/*.yaml. The demo shows the workflow (verify, fix, escalate), "
+            "not model quality."
+        )
+        console.print(f"throwaway repository: {demo_repo}")
+        job_id = create_job(db, settings, tasklist, demo_repo, config)
+        try:
+            run_embedded(db, job_id, as_json=False)
+        finally:
+            show_diff(db, job_id)
+
+    guarded(work)

@@ -1,0 +1,178 @@
+"""Submitting a job: every check first, then the job branch and the job's rows.
+
+``submit_job`` is the one entry point for a TaskList from a user (``merlin run``,
+``merlin submit``, a library caller): it loads and checks the TaskList, the repository,
+the configuration read from the same commit, the tiers and the sandbox, and writes
+nothing until all of it holds. ``create_job`` records a job from parts already checked
+(``merlin demo``, ``merlin replay``). Enqueuing the job is the caller's business
+(``workers.canvas.enqueue_job``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from merlin_flow.budget import require_priced_tiers
+from merlin_flow.config import MerlinConfig, load_config, scripts_inside
+from merlin_flow.credentials import require_a_usable_tier
+from merlin_flow.endpoints import pin_endpoints
+from merlin_flow.errors import ConfigError, InputError
+from merlin_flow.leases import queued_values
+from merlin_flow.lifecycle import add_event
+from merlin_flow.repository import (
+    JobRepository,
+    refusals_as_input_errors,
+    repository_for_input,
+)
+from merlin_flow.routing import start_tier
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
+from merlin_flow.tasklist import TaskList, load_tasklist
+from merlin_flow.verify import exit_command_for
+from merlin_flow.workspace import job_branch
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A job recorded and ready to enqueue, with the configuration it will run with."""
+
+    job_id: str
+    config: MerlinConfig
+
+
+def submit_job(
+    db: Database,
+    settings: Settings,
+    tasklist: TaskList | Path,
+    repo: str,
+    config_path: Path | None = None,
+    budget_usd: float | None = None,
+    *,
+    works_here: bool = False,
+    check_tiers: bool = True,
+) -> Submission:
+    """Check a TaskList and its repository, then record the job. Writes nothing on error.
+
+    ``repo`` is a work tree's path or a git URL; the configuration is ``config_path`` or
+    the repository's ``merlin.toml``, read from the commit the job starts at.
+    ``works_here``: this process works the job, so the sandbox must run here.
+    ``check_tiers``: refuse when no tier's key or server can be reached from here (off
+    when only the workers hold the keys). Raises InputError (exit code 2).
+    """
+    if budget_usd is not None and not budget_usd > 0:
+        raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
+    if isinstance(tasklist, Path):
+        tasklist = load_tasklist(tasklist)
+    tasklist.check_submittable()
+    source = repository_for_input(repo, settings)
+    with refusals_as_input_errors(source):
+        base = source.base_commit()
+    with source.files_at(base) as files:  # one checkout for a URL: config and exit commands
+        config = load_config(files, config_path)
+        if source.url is not None and scripts_inside(config, files):
+            raise ConfigError(
+                f"merlin.toml in {repo} names scripted models by paths inside the repository, "
+                "and workers do not read files from a git URL's checkout: give --config"
+            )
+        commands = default_exit_commands(tasklist, config, files)
+    if check_tiers:
+        require_a_usable_tier(config)
+    if works_here:
+        from merlin_flow.sandbox import check_sandbox
+
+        check_sandbox(config.sandbox)
+    job_id = create_job(
+        db, settings, tasklist, source, config, budget_usd, base_commit=base, exit_commands=commands
+    )
+    return Submission(job_id, config)
+
+
+def new_job_id() -> str:
+    """A short unique job id (safe in branch names)."""
+    return uuid.uuid4().hex[:12]
+
+
+def create_job(
+    db: Database,
+    settings: Settings,
+    tasklist: TaskList,
+    repo: JobRepository | Path | str,
+    config: MerlinConfig,
+    budget_usd: float | None = None,
+    *,
+    base_commit: str | None = None,
+    replay_of: str | None = None,
+    exit_commands: list[str] | None = None,
+) -> str:
+    """Validate and record a job; returns its id. Raises InputError and writes nothing.
+
+    ``repo`` is a git work tree's path or a git URL (see ``merlin_flow.repository``).
+    The job starts from ``base_commit`` (the repository's HEAD when unset). A job with
+    ``replay_of`` takes its model answers from that job's journal (``merlin replay``),
+    and the original's ``exit_commands`` (one per step) rather than today's defaults.
+    """
+    tasklist.check_submittable()
+    config = pin_endpoints(config)  # the submitter's endpoints, for every worker
+    budget_usd = budget_usd if budget_usd is not None else config.budget_usd
+    require_priced_tiers(config, tasklist, budget_usd)
+    source = repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
+    starts = [start_tier(step, config) for step in tasklist.steps]
+    with refusals_as_input_errors(source):
+        base = base_commit or source.base_commit()
+        commands = exit_commands
+        if not commands:
+            with source.files_at(base) as files:
+                commands = default_exit_commands(tasklist, config, files)
+        job_id = new_job_id()
+        branch = job_branch(job_id)
+        source.start_branch(branch, base)
+    try:
+        with db.session() as session:
+            job = Job(
+                id=job_id,
+                title=tasklist.title,
+                repo=source.location,
+                status=JobStatus.PENDING,
+                branch=branch,
+                base_commit=base,
+                head_commit=base,
+                tasklist=tasklist.model_dump(mode="json"),
+                config=config.model_dump(mode="json"),
+                budget_usd=budget_usd,
+                replay_of=replay_of,
+            )
+            session.add(job)
+            for position, (step, (start, complexity), command) in enumerate(
+                zip(tasklist.steps, starts, commands, strict=True)
+            ):
+                row = Step(
+                    position=position,
+                    key=step.id,
+                    step_type=step.step_type.value,
+                    description=step.description,
+                    verification=step.verification,
+                    exit_command=command,
+                    agent=step.agent,
+                    depends_on=list(step.depends_on),
+                    status=StepStatus.PENDING,
+                    phase=Phase.ATTEMPT,
+                    tier_index=start,
+                    complexity=complexity.value,
+                    next_kind="execute",
+                )
+                if position == 0:
+                    for key, value in queued_values(settings.handoff_seconds).items():
+                        setattr(row, key, value)
+                job.steps.append(row)
+            add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
+    except BaseException:
+        source.drop_branch(branch)
+        raise
+    return job_id
+
+
+def default_exit_commands(tasklist: TaskList, config: MerlinConfig, files: Path) -> list[str]:
+    """Each step's exit command, for the project whose files are in ``files``."""
+    return [exit_command_for(step, config, files) for step in tasklist.steps]
