@@ -13,41 +13,49 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from merlin_flow.store.status import AttemptStatus, JobStatus, StepStatus
+
 if TYPE_CHECKING:
     from merlin_flow.replay import ReplayReport
 
 STATUS_STYLE = {
-    "Completed": "green",
-    "completed": "green",
-    "Failed": "red",
-    "failed": "red",
-    "InProgress": "yellow",
-    "running": "yellow",
-    "Pending": "dim",
-    "pending": "dim",
-    "Skipped": "dim",
-    "cancelled": "magenta",
-    "budget_exceeded": "magenta",
+    StepStatus.COMPLETED: "green",
+    JobStatus.COMPLETED: "green",
+    StepStatus.FAILED: "red",
+    JobStatus.FAILED: "red",
+    StepStatus.IN_PROGRESS: "yellow",
+    JobStatus.RUNNING: "yellow",
+    StepStatus.PENDING: "dim",
+    JobStatus.PENDING: "dim",
+    StepStatus.SKIPPED: "dim",
+    JobStatus.CANCELLED: "magenta",
+    JobStatus.BUDGET_EXCEEDED: "magenta",
 }
+FAILED = (AttemptStatus.FAILED, AttemptStatus.ERROR)
 ATTEMPT_MARK = {
-    "passed": "✓",
-    "failed": "✗",
-    "error": "✗",
-    "running": "working…",
-    "committed": "verifying…",
+    AttemptStatus.PASSED: "✓",
+    AttemptStatus.FAILED: "✗",
+    AttemptStatus.ERROR: "✗",
+    AttemptStatus.RUNNING: "working…",
+    AttemptStatus.COMMITTED: "verifying…",
 }
 STATUS_ICON = {
-    "Completed": "✓",
-    "Failed": "✗",
-    "InProgress": "⟳",
-    "Pending": "○",
-    "Skipped": "⤼",
+    StepStatus.COMPLETED: "✓",
+    StepStatus.FAILED: "✗",
+    StepStatus.IN_PROGRESS: "⟳",
+    StepStatus.PENDING: "○",
+    StepStatus.SKIPPED: "⤼",
 }
 RECENT_EVENTS = 6
 FAILURE_LINES = 8
 """Lines of a failed exit command's output shown under the steps table."""
 LOG_TOOL_LINES = 20
-ATTEMPT_STYLE = {"passed": "green", "failed": "red", "error": "red", "cancelled": "magenta"}
+ATTEMPT_STYLE = {
+    AttemptStatus.PASSED: "green",
+    AttemptStatus.FAILED: "red",
+    AttemptStatus.ERROR: "red",
+    AttemptStatus.CANCELLED: "magenta",
+}
 
 
 def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
@@ -55,18 +63,9 @@ def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
     for index, attempt in enumerate(attempts):
         if index:
             text.append("  ")
-        style = (
-            "green"
-            if attempt["status"] == "passed"
-            else "red"
-            if attempt["status"]
-            in (
-                "failed",
-                "error",
-            )
-            else "yellow"
-        )
-        mark = ATTEMPT_MARK.get(attempt["status"], "?")
+        status = attempt["status"]
+        style = ATTEMPT_STYLE.get(status, "yellow")
+        mark = ATTEMPT_MARK.get(status, "?")
         code = "" if attempt["exit_code"] is None else f" exit {attempt['exit_code']}"
         text.append(f"{attempt['kind']}@{attempt['tier']}{code} {mark}", style=style)
     return text
@@ -87,7 +86,7 @@ def failure_notes(view: dict[str, Any]) -> Text:
     for step in view["steps"]:
         attempts = step["attempts"]
         last = attempts[-1] if attempts else None
-        if last is None or last["status"] not in ("failed", "error") or not last["exit_code"]:
+        if last is None or last["status"] not in FAILED or not last["exit_code"]:
             continue
         lines = (last["output_tail"] or "").rstrip().splitlines()[-FAILURE_LINES:]
         text.append(
