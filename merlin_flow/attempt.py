@@ -36,6 +36,14 @@ from merlin_flow.errors import (
     SetupFailed,
 )
 from merlin_flow.escalation import MODEL_UNREACHABLE, AttemptKind, feedback_for
+from merlin_flow.git import (
+    add_worktree,
+    attempt_ref,
+    commit_all,
+    remove_worktree,
+    same_tree,
+    write_excludes_file,
+)
 from merlin_flow.journal import (
     CallContext,
     JournalEntry,
@@ -80,14 +88,6 @@ from merlin_flow.store import (
 )
 from merlin_flow.tasklist import StepType
 from merlin_flow.tools import Toolbox
-from merlin_flow.workspace import (
-    add_worktree,
-    attempt_ref,
-    commit_all,
-    remove_worktree,
-    same_tree,
-    write_excludes_file,
-)
 
 log = logging.getLogger(__name__)
 

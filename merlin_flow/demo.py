@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 
 from merlin_flow.config import MerlinConfig, load_config
+from merlin_flow.git import git
 from merlin_flow.resources import resource_dir
 from merlin_flow.tasklist import TaskList, load_tasklist
-from merlin_flow.workspace import git
 
 
 def demo_dir() -> Path:

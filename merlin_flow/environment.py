@@ -40,10 +40,10 @@ from typing import Any
 
 from merlin_flow.config import MerlinConfig, SandboxMode
 from merlin_flow.errors import SetupFailed
+from merlin_flow.exit_commands import MARKERS, ProjectKind
+from merlin_flow.git import add_worktree, git, remove_worktree, run_git
 from merlin_flow.sandbox import Confinement, python_mounts, run_confined
 from merlin_flow.settings import Settings
-from merlin_flow.verify import MARKERS, ProjectKind
-from merlin_flow.workspace import add_worktree, git, remove_worktree, run_git
 
 FORMAT = 1
 """Bumped when the layout of a built environment changes, so old ones are not reused."""

@@ -13,10 +13,10 @@ from sqlalchemy import func, select
 
 from merlin_flow.costs import UNPRICED, cost_fields
 from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.git import diff
 from merlin_flow.repository import repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, StepStatus
-from merlin_flow.workspace import diff
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import GitError, LeaseLost, RemoteUnavailable
+from merlin_flow.git import diff, remove_worktree
 from merlin_flow.leases import QUEUED, queued_values
 from merlin_flow.reports import job_summary
 from merlin_flow.repository import JobRepository, repository_of
@@ -39,7 +40,6 @@ from merlin_flow.store import (
     StepStatus,
     utcnow,
 )
-from merlin_flow.workspace import diff, remove_worktree
 
 log = logging.getLogger(__name__)
 

@@ -18,12 +18,12 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.git import git
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
 from merlin_flow.submission import create_job
 from merlin_flow.tasklist import TaskList
-from merlin_flow.workspace import git
 
 
 def create_replay(db: Database, settings: Settings, job_id: str) -> str:

@@ -38,8 +38,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from merlin_flow.errors import GitError, RemoteUnavailable, RepositoryError
-from merlin_flow.settings import Settings
-from merlin_flow.workspace import (
+from merlin_flow.git import (
     add_worktree,
     advance_branch,
     create_branch,
@@ -53,6 +52,7 @@ from merlin_flow.workspace import (
     run_git,
     set_ref,
 )
+from merlin_flow.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,8 @@ from merlin_flow.config import MerlinConfig, load_config, scripts_inside
 from merlin_flow.credentials import require_a_usable_tier
 from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import ConfigError, InputError
+from merlin_flow.exit_commands import exit_command_for
+from merlin_flow.git import job_branch
 from merlin_flow.leases import queued_values
 from merlin_flow.lifecycle import add_event
 from merlin_flow.repository import (
@@ -30,8 +32,6 @@ from merlin_flow.routing import start_tier
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
 from merlin_flow.tasklist import TaskList, load_tasklist
-from merlin_flow.verify import exit_command_for
-from merlin_flow.workspace import job_branch
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ from merlin_flow.escalation import (
     failure_reason,
     feedback_for,
 )
+from merlin_flow.exit_commands import run_exit_command
+from merlin_flow.git import add_worktree, remove_worktree
 from merlin_flow.leases import Heartbeat, claim, queued_values
 from merlin_flow.lifecycle import (
     HeldStep,
@@ -61,8 +63,6 @@ from merlin_flow.store import (
 )
 from merlin_flow.tasklist import StepType
 from merlin_flow.tools import TOOL_SCHEMAS
-from merlin_flow.verify import run_exit_command
-from merlin_flow.workspace import add_worktree, remove_worktree
 
 log = logging.getLogger(__name__)
 

@@ -145,8 +145,8 @@ def doctor(
 
         from merlin_flow.config import load_config
         from merlin_flow.doctor import Verdict, run_checks
+        from merlin_flow.git import find_repository
         from merlin_flow.settings import get_settings
-        from merlin_flow.workspace import find_repository
 
         top = find_repository(repo) if repo is not None else None
         checks = run_checks(get_settings(), load_config(top, config), top)

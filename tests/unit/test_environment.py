@@ -15,9 +15,9 @@ from merlin_flow.environment import (
     step_confinement,
 )
 from merlin_flow.errors import SetupFailed
+from merlin_flow.exit_commands import ProjectKind
 from merlin_flow.sandbox import run_confined, sandbox_problem
 from merlin_flow.settings import Settings
-from merlin_flow.verify import ProjectKind
 from tests.conftest import git, make_repo
 
 HATCH_PROJECT = """\

@@ -16,6 +16,7 @@ import pytest
 from merlin_flow import repository
 from merlin_flow.config import load_config
 from merlin_flow.errors import GitError, RemoteUnavailable, RepositoryError
+from merlin_flow.git import add_worktree, attempt_ref, commit_all, remove_worktree
 from merlin_flow.repository import (
     cache_path,
     is_git_url,
@@ -26,7 +27,6 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Job, open_database
 from merlin_flow.submission import create_job
 from merlin_flow.tasklist import TaskList
-from merlin_flow.workspace import add_worktree, attempt_ref, commit_all, remove_worktree
 from tests.conftest import git
 
 

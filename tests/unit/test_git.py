@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from merlin_flow.errors import GitError, RepositoryError
-from merlin_flow.workspace import (
+from merlin_flow.git import (
     IGNORED_IN_COMMITS,
     add_worktree,
     advance_branch,
