@@ -47,9 +47,9 @@ from merlin_flow.git import (
 from merlin_flow.journal import (
     CallContext,
     JournalEntry,
+    OriginalJournal,
     Replayer,
     ResponseCache,
-    SourceJournal,
     record_call,
     replayable_calls,
 )
@@ -112,7 +112,7 @@ class _AttemptPlan:
     run: int
     replay: list[JournalEntry]
     budget_usd: float | None
-    original: SourceJournal | None
+    original: OriginalJournal | None
     """For a ``merlin replay`` job: the original job's answers to this attempt."""
 
 
@@ -158,11 +158,14 @@ def execute_step(
         return Outcome.STOP
 
 
-def step_environment(held: HeldStep, source: JobRepository, commit: str) -> BuiltEnvironment | None:
+def step_environment(
+    held: HeldStep, repository: JobRepository, commit: str
+) -> BuiltEnvironment | None:
     """The project's environment at ``commit``, built (and recorded) if it is new."""
-    name = source.location.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+    where = repository.location
+    name = where.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
     environment = ensure_environment(
-        held.settings, held.config, source.path, commit, name.removesuffix(".git"), source.location
+        held.settings, held.config, repository.path, commit, name, where
     )
     if environment is not None and environment.built:
         with held.db.session() as session:
@@ -179,10 +182,10 @@ def step_environment(held: HeldStep, source: JobRepository, commit: str) -> Buil
 
 def _run_attempt(held: HeldStep, heartbeat: Heartbeat) -> Outcome:
     plan, location, brief = _begin_attempt(held)
-    source = repository_of(location, held.settings)
-    source.have(held.job_id, plan.start_commit)
+    repository = repository_of(location, held.settings)
+    repository.have(held.job_id, plan.start_commit)
     try:
-        end = _work_in_worktree(held, heartbeat, plan, brief, source)
+        end = _work_in_worktree(held, heartbeat, plan, brief, repository)
     except BudgetExceeded as exc:
         _stop_for_budget(held, plan.attempt_id, str(exc))
         return Outcome.STOP
@@ -194,7 +197,7 @@ def _run_attempt(held: HeldStep, heartbeat: Heartbeat) -> Outcome:
     # Only while we hold the step: a worker that lost it must not replace the new owner's.
     if heartbeat.lost:
         raise LeaseLost(f"step {held.step_key}: lease lost before publishing attempt {plan.number}")
-    source.publish(attempt_ref(held.job_id, held.step_key, plan.number), end.commit)
+    repository.publish(attempt_ref(held.job_id, held.step_key, plan.number), end.commit)
     ended = _record_attempt(held, plan, end)
     if ended:
         finalize_job(held.db, held.settings, held.job_id)
@@ -207,7 +210,7 @@ def _work_in_worktree(
     heartbeat: Heartbeat,
     plan: _AttemptPlan,
     brief: StepBrief,
-    source: JobRepository,
+    repository: JobRepository,
 ) -> _AttemptEnd:
     """Run the agent on a worktree at the attempt's start, and commit what it changed."""
 
@@ -220,8 +223,8 @@ def _work_in_worktree(
     config, tier = held.config, held.config.tiers[plan.tier_index]
     worktree = held.worktree(f"{held.step_key}-{plan.number}")
     excludes = write_excludes_file(held.settings.home_dir / "commit-excludes")
-    environment = step_environment(held, source, plan.start_commit)
-    add_worktree(source.path, worktree, plan.start_commit)
+    environment = step_environment(held, repository, plan.start_commit)
+    add_worktree(repository.path, worktree, plan.start_commit)
     try:
         prepare_worktree(environment, worktree)
         seqs = itertools.count(plan.calls_so_far)
@@ -278,7 +281,7 @@ def _work_in_worktree(
         if error is None and edits and same_tree(worktree, commit, plan.start_commit):
             error = NO_CHANGES.format(turns=turns)
     finally:
-        remove_worktree(source.path, worktree)
+        remove_worktree(repository.path, worktree)
     return _AttemptEnd(commit, summary, error, turns, transcript)
 
 
@@ -431,7 +434,7 @@ def step_brief(step: Step) -> StepBrief:
 
 def _original_journal(
     session: Session, job: Job, step: Step, attempt: Attempt
-) -> SourceJournal | None:
+) -> OriginalJournal | None:
     """For a replay job, the original job's answers to the same attempt on the same tier."""
     if job.replay_of is None:
         return None
@@ -447,4 +450,4 @@ def _original_journal(
         )
     ).first()
     entries = replayable_calls(session, original.id, paid_only=False) if original else []
-    return SourceJournal(entries, where)
+    return OriginalJournal(entries, where)

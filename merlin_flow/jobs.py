@@ -157,9 +157,9 @@ def job_diff(db: Database, settings: Settings, job_id: str) -> str:
         if job is None:
             raise JobNotFoundError(f"no job with id {job_id!r}")
         location, base, head = job.repo, job.base_commit, job.head_commit
-    source = repository_of(location, settings)
-    source.have(job_id, base, head)
-    return diff(source.path, base, head)
+    repository = repository_of(location, settings)
+    repository.have(job_id, base, head)
+    return diff(repository.path, base, head)
 
 
 def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[dict[str, Any]]:

@@ -129,7 +129,7 @@ class ResponseCache:
             )
 
 
-class SourceJournal:
+class OriginalJournal:
     """The model of a replay job: the original attempt's answers, turn by turn."""
 
     def __init__(self, entries: list[JournalEntry], where: str) -> None:

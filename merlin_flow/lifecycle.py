@@ -235,7 +235,7 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         if job is None or job.finished_at is not None:
             return job.status if job else None
         location, base, head = job.repo, job.base_commit, job.head_commit
-    source, unreadable = _patch_source(location, settings, job_id, base, head)
+    repository, unreadable = _patch_source(location, settings, job_id, base, head)
     with db.session() as session:
         # FOR UPDATE: on Postgres a concurrent finalize (the task and a sweep) waits here
         # and then sees finished_at set. SQLite writers are serialized by BEGIN IMMEDIATE.
@@ -256,12 +256,12 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             _close_unfinished_steps(job)
         patch = settings.jobs_dir / job_id / f"{job_id}.patch"
         patch.parent.mkdir(parents=True, exist_ok=True)
-        if source is None:
+        if repository is None:
             patch.write_text("")
         else:
-            source.have(job_id, job.base_commit, job.head_commit)
-            patch.write_text(diff(source.path, job.base_commit, job.head_commit))
-            _remove_leftover_worktrees(source.path, settings.worktrees_dir / job_id)
+            repository.have(job_id, job.base_commit, job.head_commit)
+            patch.write_text(diff(repository.path, job.base_commit, job.head_commit))
+            _remove_leftover_worktrees(repository.path, settings.worktrees_dir / job_id)
         patch.with_name("summary.md").write_text(job_summary(job, unreadable))
         job.patch_path = str(patch)
         job.finished_at = job.updated_at = utcnow()
@@ -339,11 +339,11 @@ def _patch_source(
     refuses for good (deleted, no access) must not keep the job from ending.
     """
     try:
-        source = repository_of(location, settings)
-        source.have(job_id, base, head)  # fetched before finalize takes the job's lock
+        repository = repository_of(location, settings)
+        repository.have(job_id, base, head)  # fetched before finalize takes the job's lock
     except RemoteUnavailable:
         raise
     except GitError as exc:
         log.warning("job %s: no patch: %s", job_id, exc)
         return None, str(exc)
-    return source, None
+    return repository, None

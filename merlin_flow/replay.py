@@ -2,7 +2,7 @@
 
 The replay is a new job on a new branch, from the original's base commit, with the
 original's TaskList and configuration. Its model calls are answered by the original
-job's journal, turn by turn (``merlin_flow.journal.SourceJournal``), and nothing goes
+job's journal, turn by turn (``merlin_flow.journal.OriginalJournal``), and nothing goes
 live; its tools and exit commands run for real. So the replay shows whether the job's
 outcome follows from its recorded answers: same path of attempts, same trees at every
 step. Commit ids differ (they carry dates and the job id); trees are compared.
@@ -129,7 +129,7 @@ def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
         if replay is None or replay.replay_of is None:
             raise JobNotFoundError(f"no replay job with id {replay_id!r}")
         original = session.get_one(Job, replay.replay_of)
-        source = repository_of(original.repo, settings)
+        repository = repository_of(original.repo, settings)
         replayed = {step.key: step for step in replay.steps}
         steps = []
         for step in original.steps:
@@ -142,7 +142,9 @@ def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
                     replay_path=_path(twin),
                     original_commit=old,
                     replay_commit=new,
-                    same_tree=_tree(source, original.id, old) == _tree(source, replay.id, new),
+                    same_tree=(
+                        _tree(repository, original.id, old) == _tree(repository, replay.id, new)
+                    ),
                 )
             )
         calls, identical = _request_agreement(session, original.id, replay.id)
@@ -172,11 +174,11 @@ def _path(step: Step) -> str:
     return ", ".join(f"{a.kind}@{a.tier}" for a in step.attempts) or "-"
 
 
-def _tree(source: JobRepository, job_id: str, commit: str | None) -> str | None:
+def _tree(repository: JobRepository, job_id: str, commit: str | None) -> str | None:
     if commit is None:
         return None
-    source.have(job_id, commit)
-    return git("rev-parse", f"{commit}^{{tree}}", cwd=source.path).strip()
+    repository.have(job_id, commit)
+    return git("rev-parse", f"{commit}^{{tree}}", cwd=repository.path).strip()
 
 
 def _request_agreement(session: Session, original_id: str, replay_id: str) -> tuple[int, int]:

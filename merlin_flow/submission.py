@@ -66,12 +66,12 @@ def submit_job(
     if isinstance(tasklist, Path):
         tasklist = load_tasklist(tasklist)
     tasklist.check_submittable()
-    source = repository_for_input(repo, settings)
-    with refusals_as_input_errors(source):
-        base = source.base_commit()
-    with source.files_at(base) as files:  # one checkout for a URL: config and exit commands
+    repository = repository_for_input(repo, settings)
+    with refusals_as_input_errors(repository):
+        base = repository.base_commit()
+    with repository.files_at(base) as files:  # one checkout for a URL: config and exit commands
         config = load_config(files, config_path)
-        if source.url is not None and scripts_inside(config, files):
+        if repository.url is not None and scripts_inside(config, files):
             raise ConfigError(
                 f"merlin.toml in {repo} names scripted models by paths inside the repository, "
                 "and workers do not read files from a git URL's checkout: give --config"
@@ -84,7 +84,14 @@ def submit_job(
 
         check_sandbox(config.sandbox)
     job_id = create_job(
-        db, settings, tasklist, source, config, budget_usd, base_commit=base, exit_commands=commands
+        db,
+        settings,
+        tasklist,
+        repository,
+        config,
+        budget_usd,
+        base_commit=base,
+        exit_commands=commands,
     )
     return Submission(job_id, config)
 
@@ -117,23 +124,25 @@ def create_job(
     config = pin_endpoints(config)  # the submitter's endpoints, for every worker
     budget_usd = budget_usd if budget_usd is not None else config.budget_usd
     require_priced_tiers(config, tasklist, budget_usd)
-    source = repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
+    repository = (
+        repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
+    )
     starts = [start_tier(step, config) for step in tasklist.steps]
-    with refusals_as_input_errors(source):
-        base = base_commit or source.base_commit()
+    with refusals_as_input_errors(repository):
+        base = base_commit or repository.base_commit()
         commands = exit_commands
         if not commands:
-            with source.files_at(base) as files:
+            with repository.files_at(base) as files:
                 commands = default_exit_commands(tasklist, config, files)
         job_id = new_job_id()
         branch = job_branch(job_id)
-        source.start_branch(branch, base)
+        repository.start_branch(branch, base)
     try:
         with db.session() as session:
             job = Job(
                 id=job_id,
                 title=tasklist.title,
-                repo=source.location,
+                repo=repository.location,
                 status=JobStatus.PENDING,
                 branch=branch,
                 base_commit=base,
@@ -168,7 +177,7 @@ def create_job(
                 job.steps.append(row)
             add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
     except BaseException:
-        source.drop_branch(branch)
+        repository.drop_branch(branch)
         raise
     return job_id
 

@@ -97,17 +97,17 @@ def verify_step(
             db, settings, job_id, step_key, step.id, token, MerlinConfig.model_validate(job.config)
         )
         location, branch = job.repo, job.branch
-    source = repository_of(location, settings)
+    repository = repository_of(location, settings)
     if not claim(db, held.step_id, Phase.VERIFY, token, held.config.limits.lease_seconds):
         return Outcome.STOP
     try:
         with Heartbeat(db, held.step_id, token, held.config.limits.lease_seconds) as heartbeat:
-            verdict = _judge(held, source)
+            verdict = _judge(held, repository)
             if heartbeat.lost:
                 raise LeaseLost(f"step {step_key}: lease lost during verification")
         # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
         if verdict.passed:
-            return _pass(verdict, source, branch)
+            return _pass(verdict, repository, branch)
         return _fail(verdict)
     except LeaseLost as exc:
         log.warning("%s", exc)
@@ -117,7 +117,7 @@ def verify_step(
         return Outcome.STOP
 
 
-def _judge(held: HeldStep, source: JobRepository) -> _Verdict:
+def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
     """Run the exit command on the last attempt's commit, if it has one to verify."""
     with held.db.reader() as session:
         attempt = session.get_one(Step, held.step_id).attempts[-1]
@@ -126,10 +126,10 @@ def _judge(held: HeldStep, source: JobRepository) -> _Verdict:
     if status != AttemptStatus.COMMITTED or not commit:
         # An agent error; or a verify delivered again, after its verdict was recorded.
         return _Verdict(held, attempt_id, status == AttemptStatus.PASSED, None, "")
-    source.have(held.job_id, commit)
+    repository.have(held.job_id, commit)
     worktree = held.worktree(f"{held.step_key}-{number}-verify")
     try:
-        result = _run_in_worktree(held, source, commit, worktree, command)
+        result = _run_in_worktree(held, repository, commit, worktree, command)
     except SetupFailed as exc:
         # The attempt's commit changed the files setup depends on, and setup no longer
         # succeeds: the attempt failed, not the job (setup passed at the step's start
@@ -139,20 +139,20 @@ def _judge(held: HeldStep, source: JobRepository) -> _Verdict:
 
 
 def _run_in_worktree(
-    held: HeldStep, source: JobRepository, commit: str, worktree: Path, command: str
+    held: HeldStep, repository: JobRepository, commit: str, worktree: Path, command: str
 ) -> CommandResult:
     """Run the exit command on ``commit``, in its environment, in a worktree of its own."""
-    environment = step_environment(held, source, commit)
+    environment = step_environment(held, repository, commit)
     try:
-        add_worktree(source.path, worktree, commit)
+        add_worktree(repository.path, worktree, commit)
         prepare_worktree(environment, worktree)
         confinement = step_confinement(worktree, environment, held.config)
         return run_exit_command(command, confinement, held.config)
     finally:
-        remove_worktree(source.path, worktree)
+        remove_worktree(repository.path, worktree)
 
 
-def _pass(verdict: _Verdict, source: JobRepository, branch: str) -> Outcome:
+def _pass(verdict: _Verdict, repository: JobRepository, branch: str) -> Outcome:
     held = verdict.held
     with held.db.session() as session:
         job = lock_job(session, held.job_id)
@@ -165,8 +165,8 @@ def _pass(verdict: _Verdict, source: JobRepository, branch: str) -> Outcome:
             attempt.status = AttemptStatus.CANCELLED
         # The branch moves inside the transaction: if the database write then fails, the
         # lease expires, verify runs again and finds the branch already at `commit`.
-        elif not source.advance(branch, commit, job.head_commit) and (
-            source.branch_head(branch) != commit
+        elif not repository.advance(branch, commit, job.head_commit) and (
+            repository.branch_head(branch) != commit
         ):
             reason = (
                 f"step {step.key} passed, but the job branch {branch} was moved by someone "
