@@ -144,3 +144,12 @@ def test_no_module_outgrows_one_concern() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert max(sizes.values()) > 100  # the sizes are read
     assert {name: n for name, n in sizes.items() if n > MOST_LINES} == {}
+
+
+def test_contributing_lists_every_module() -> None:
+    table = (ROOT / "CONTRIBUTING.md").read_text()
+    paths = {str(path.relative_to(ROOT)) for path in _modules().values()}
+    packages = {p for p in paths if p.endswith("__init__.py") and p != "merlin_flow/__init__.py"}
+    missing = sorted(p for p in paths - packages if f"`{p}`" not in table)
+    assert paths  # the modules are found
+    assert missing == []
