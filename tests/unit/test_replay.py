@@ -1,8 +1,18 @@
-"""ReplayReport: the verdict, and the reasons given when a replay does not reproduce."""
+"""Replays: comparing a replay with its original, the verdict and the reasons given."""
 
 from __future__ import annotations
 
-from merlin_flow.replay import ReplayReport, StepComparison
+from pathlib import Path
+
+from sqlalchemy import select
+
+from merlin_flow.attempt import execute_step
+from merlin_flow.lifecycle import Outcome, finalize_job
+from merlin_flow.replay import ReplayReport, StepComparison, compare, create_replay
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, LlmCall
+from merlin_flow.verdict import verify_step
+from tests.unit.scripted_jobs import scripted_job
 
 
 def _report(replay_path: str, same_tree: bool, resumes: int = 0) -> ReplayReport:
@@ -30,3 +40,46 @@ def test_each_difference_is_named() -> None:
     ]
     other_files = _report("execute@local, escalate@premium", same_tree=False)
     assert other_files.differences == ["step s0: same attempts, but they ended on other files"]
+
+
+def _work(db: Database, settings: Settings, job_id: str) -> None:
+    """Work a one-step job to its end, as the step, verify and finalize tasks would."""
+    for n in range(5):  # its attempts: execute, and any fix or escalation after it
+        execute_step(db, settings, job_id, "s0", f"{job_id}:{n}a")
+        if verify_step(db, settings, job_id, "s0", f"{job_id}:{n}b") is not Outcome.RETRY:
+            break
+    finalize_job(db, settings, job_id)
+
+
+def test_compare_finds_a_replay_that_reproduced_its_original(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    original = scripted_job(db, settings, py_repo, tmp_path)
+    _work(db, settings, original)
+    replay = create_replay(db, settings, original)
+    _work(db, settings, replay)
+    report = compare(db, settings, replay)
+    assert (report.original, report.replay) == (original, replay)
+    assert (report.original_status, report.replay_status) == ("completed", "completed")
+    assert report.calls == report.identical_requests == 2
+    assert [(s.original_path, s.same_tree) for s in report.steps] == [("execute@local", True)]
+    assert report.reproduced
+    assert report.differences == []
+
+
+def test_compare_names_what_a_replay_could_not_reproduce(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    original = scripted_job(db, settings, py_repo, tmp_path)
+    _work(db, settings, original)
+    with db.session() as session:  # the journal lost the original's last answer
+        last = session.scalars(
+            select(LlmCall).where(LlmCall.job_id == original).order_by(LlmCall.seq.desc())
+        ).first()
+        session.delete(last)
+    replay = create_replay(db, settings, original)
+    _work(db, settings, replay)
+    report = compare(db, settings, replay)
+    assert report.replay_status == "failed"
+    assert not report.reproduced
+    assert report.differences[0] == "the original completed, the replay failed"
