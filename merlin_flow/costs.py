@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
@@ -78,7 +78,18 @@ def _row(row: Any) -> dict[str, Any]:
     }
 
 
-def cost_fields(known: float, unpriced: int) -> dict[str, Any]:
+class CostFields(TypedDict):
+    """The cost of anything that made model calls, as every view shows it."""
+
+    unpriced_calls: int
+    """Calls whose price is unknown."""
+    known_cost_usd: float
+    """What the priced calls cost."""
+    cost_usd: float | None
+    """The whole cost; None when any call is unpriced."""
+
+
+def cost_fields(known: float, unpriced: int) -> CostFields:
     """``cost_usd`` (None when any call is unpriced), ``known_cost_usd``, ``unpriced_calls``."""
     known = round(known, 6)
     return {
@@ -88,7 +99,7 @@ def cost_fields(known: float, unpriced: int) -> dict[str, Any]:
     }
 
 
-def _sum_costs(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _sum_costs(rows: list[dict[str, Any]]) -> CostFields:
     known = sum(row["known_cost_usd"] for row in rows)
     return cost_fields(known, sum(row["unpriced_calls"] for row in rows))
 

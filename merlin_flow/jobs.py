@@ -7,11 +7,11 @@ Creating a job is ``merlin_flow.submission``.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from sqlalchemy import func, select
 
-from merlin_flow.costs import UNPRICED, cost_fields
+from merlin_flow.costs import UNPRICED, CostFields, cost_fields
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.git import diff
 from merlin_flow.repository import repository_of
@@ -19,11 +19,100 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, StepStatus
 
 
+class AttemptView(CostFields):
+    """One attempt, as ``merlin status --json`` shows it."""
+
+    number: int
+    kind: str
+    tier: str
+    model: str
+    status: str
+    commit: str | None
+    exit_code: int | None
+    error: str | None
+    output_tail: str | None
+    turns: int | None
+    runs: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class StepView(TypedDict):
+    """One step of a job view."""
+
+    id: str
+    step_type: str
+    description: str
+    status: str
+    tier: str | None
+    complexity: str | None
+    exit_command: str
+    error: str | None
+    result: str | None
+    started_at: str | None
+    finished_at: str | None
+    deliveries: int
+    recoveries: int
+    attempts: list[AttemptView]
+
+
+class JobView(CostFields):
+    """A whole job: what ``merlin status --json`` prints (docs/reference.md)."""
+
+    id: str
+    title: str
+    repo: str
+    status: str
+    branch: str
+    base_commit: str
+    head_commit: str
+    error: str | None
+    budget_usd: float | None
+    replay_of: str | None
+    patch: str | None
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    progress: dict[str, int]
+    steps: list[StepView]
+
+
+class JobListEntry(TypedDict):
+    """One job of ``merlin list --json``."""
+
+    id: str
+    status: str
+    title: str
+    repo: str
+    branch: str
+    created_at: str | None
+    finished_at: str | None
+
+
+class EventView(TypedDict):
+    """One event of a job's history."""
+
+    id: int
+    kind: str
+    step_key: str | None
+    message: str
+    data: dict[str, Any] | None
+    created_at: str | None
+
+
+class LogEntry(AttemptView):
+    """One attempt with its step, transcript and output: ``merlin logs --json``."""
+
+    step: str
+    exit_command: str
+    transcript: list[dict[str, Any]]
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat(timespec="seconds") + "Z" if value else None
 
 
-def attempt_view(attempt: Attempt, unpriced_calls: int = 0) -> dict[str, Any]:
+def attempt_view(attempt: Attempt, unpriced_calls: int = 0) -> AttemptView:
     """One attempt as JSON-ready data (its cost is unknown when calls were unpriced)."""
     return {
         "number": attempt.number,
@@ -43,7 +132,7 @@ def attempt_view(attempt: Attempt, unpriced_calls: int = 0) -> dict[str, Any]:
     }
 
 
-def job_view(db: Database, job_id: str) -> dict[str, Any]:
+def job_view(db: Database, job_id: str) -> JobView:
     """The full state of a job: what ``merlin status --json`` prints."""
     with db.reader() as session:
         job = session.get(Job, job_id)
@@ -60,7 +149,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
             ).all()
         )
         tiers = [tier["name"] for tier in job.config.get("tiers", [])]
-        steps = []
+        steps: list[StepView] = []
         for step in job.steps:
             steps.append(
                 {
@@ -104,7 +193,7 @@ def job_view(db: Database, job_id: str) -> dict[str, Any]:
         }
 
 
-def list_jobs(db: Database, limit: int = 50) -> list[dict[str, Any]]:
+def list_jobs(db: Database, limit: int = 50) -> list[JobListEntry]:
     """The newest jobs, newest first: what ``merlin list --json`` prints."""
     with db.reader() as session:
         jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)).all()
@@ -131,7 +220,7 @@ def job_status(db: Database, job_id: str) -> str:
         return job.status
 
 
-def events_since(db: Database, job_id: str, after_id: int = 0) -> list[dict[str, Any]]:
+def events_since(db: Database, job_id: str, after_id: int = 0) -> list[EventView]:
     """The job's events with an id above ``after_id``, oldest first."""
     with db.reader() as session:
         rows = session.scalars(
@@ -162,7 +251,7 @@ def job_diff(db: Database, settings: Settings, job_id: str) -> str:
     return diff(repository.path, base, head)
 
 
-def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[dict[str, Any]]:
+def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[LogEntry]:
     """Every attempt of the job (or of one step), with its transcript and command output."""
     with db.reader() as session:
         job = session.get(Job, job_id)

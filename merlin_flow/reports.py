@@ -11,15 +11,16 @@ import tempfile
 import xml.etree.ElementTree as ET
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from merlin_flow.store.status import StepStatus
 
 if TYPE_CHECKING:
+    from merlin_flow.jobs import JobView
     from merlin_flow.store import Job
 
 
-def junit_xml(view: dict[str, Any]) -> str:
+def junit_xml(view: JobView) -> str:
     """The job (``jobs.job_view``) as a JUnit XML document: a test case per step."""
     steps = view["steps"]
     failures = sum(1 for s in steps if s["status"] == StepStatus.FAILED)
@@ -56,7 +57,7 @@ def junit_xml(view: dict[str, Any]) -> str:
         if step["status"] == StepStatus.FAILED:
             failure = ET.SubElement(case, "failure", message=(step["error"] or "failed")[:500])
             last = step["attempts"][-1] if step["attempts"] else None
-            tail = (last or {}).get("output_tail") or ""
+            tail = (last["output_tail"] if last else None) or ""
             failure.text = f"{attempts}\n\n{tail}".strip()
         elif step["status"] != StepStatus.COMPLETED:
             ET.SubElement(case, "skipped", message=step["result"] or "not run")

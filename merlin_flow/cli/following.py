@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,7 @@ from rich.markup import escape
 from merlin_flow.cli.common import T, console, err_console
 
 if TYPE_CHECKING:
+    from merlin_flow.jobs import JobView
     from merlin_flow.store import Database
 
 
@@ -81,7 +82,7 @@ def finish(
         raise typer.Exit(1)
 
 
-def follow(db: Database, job_id: str, quiet: bool) -> dict[str, Any]:
+def follow(db: Database, job_id: str, quiet: bool) -> JobView:
     """Wait for the job to end, with live progress unless ``quiet``; its final view."""
     from merlin_flow.cli.render import follow as follow_live
     from merlin_flow.cli.render import steps_table
@@ -109,7 +110,7 @@ def show_diff(db: Database, job_id: str) -> None:
         console.print(Syntax(Path(view["patch"]).read_text(), "diff", theme="ansi_dark"))
 
 
-def _wait_quietly(db: Database, job_id: str) -> dict[str, Any]:
+def _wait_quietly(db: Database, job_id: str) -> JobView:
     import time
 
     from merlin_flow.jobs import job_view
@@ -119,7 +120,7 @@ def _wait_quietly(db: Database, job_id: str) -> dict[str, Any]:
     return view
 
 
-def _print_outcome(view: dict[str, Any]) -> None:
+def _print_outcome(view: JobView) -> None:
     from merlin_flow.store.status import JobStatus
 
     if view["status"] == JobStatus.COMPLETED:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -16,9 +16,10 @@ from rich.text import Text
 from merlin_flow.store.status import AttemptStatus, JobStatus, StepStatus
 
 if TYPE_CHECKING:
+    from merlin_flow.jobs import AttemptView, EventView, JobListEntry, JobView, LogEntry
     from merlin_flow.replay import ReplayReport
 
-STATUS_STYLE = {
+STATUS_STYLE: dict[str, str] = {
     StepStatus.COMPLETED: "green",
     JobStatus.COMPLETED: "green",
     StepStatus.FAILED: "red",
@@ -32,14 +33,14 @@ STATUS_STYLE = {
     JobStatus.BUDGET_EXCEEDED: "magenta",
 }
 FAILED = (AttemptStatus.FAILED, AttemptStatus.ERROR)
-ATTEMPT_MARK = {
+ATTEMPT_MARK: dict[str, str] = {
     AttemptStatus.PASSED: "✓",
     AttemptStatus.FAILED: "✗",
     AttemptStatus.ERROR: "✗",
     AttemptStatus.RUNNING: "working…",
     AttemptStatus.COMMITTED: "verifying…",
 }
-STATUS_ICON = {
+STATUS_ICON: dict[str, str] = {
     StepStatus.COMPLETED: "✓",
     StepStatus.FAILED: "✗",
     StepStatus.IN_PROGRESS: "⟳",
@@ -50,7 +51,7 @@ RECENT_EVENTS = 6
 FAILURE_LINES = 8
 """Lines of a failed exit command's output shown under the steps table."""
 LOG_TOOL_LINES = 20
-ATTEMPT_STYLE = {
+ATTEMPT_STYLE: dict[str, str] = {
     AttemptStatus.PASSED: "green",
     AttemptStatus.FAILED: "red",
     AttemptStatus.ERROR: "red",
@@ -58,7 +59,7 @@ ATTEMPT_STYLE = {
 }
 
 
-def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
+def _attempts_cell(attempts: list[AttemptView]) -> Text:
     text = Text()
     for index, attempt in enumerate(attempts):
         if index:
@@ -71,13 +72,13 @@ def _attempts_cell(attempts: list[dict[str, Any]]) -> Text:
     return text
 
 
-def steps_table(view: dict[str, Any]) -> RenderableType:
+def steps_table(view: JobView) -> RenderableType:
     """The steps table, and the output of the exit commands that failed last."""
     notes = failure_notes(view)
     return Group(_steps_table(view), notes) if notes.plain else _steps_table(view)
 
 
-def failure_notes(view: dict[str, Any]) -> Text:
+def failure_notes(view: JobView) -> Text:
     """For each step whose latest attempt failed its exit command: the output's last lines.
 
     Only the tail fits here; ``merlin logs JOB --step ID`` has the rest.
@@ -99,7 +100,7 @@ def failure_notes(view: dict[str, Any]) -> Text:
     return text
 
 
-def _steps_table(view: dict[str, Any]) -> Table:
+def _steps_table(view: JobView) -> Table:
     """One row per step: status, current tier, attempts with their tiers and exit codes."""
     status = view["status"]
     title = (
@@ -144,7 +145,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> Table:
+def jobs_table(jobs: list[JobListEntry]) -> Table:
     """One row per job, newest first."""
     table = Table(title="jobs", title_justify="left")
     for column in ("id", "status", "title", "repo", "created"):
@@ -162,10 +163,10 @@ def jobs_table(jobs: list[dict[str, Any]]) -> Table:
 
 def follow(
     console: Console,
-    load_view: Callable[[], dict[str, Any]],
-    load_events: Callable[[int], list[dict[str, Any]]],
+    load_view: Callable[[], JobView],
+    load_events: Callable[[int], list[EventView]],
     poll: float = 0.3,
-) -> dict[str, Any]:
+) -> JobView:
     """Show progress until the job is finished; returns its final view.
 
     On a terminal the steps table updates in place; elsewhere (CI logs, pipes) each
@@ -174,7 +175,7 @@ def follow(
     last_event = 0
     view = load_view()
     if console.is_terminal:
-        recent: deque[dict[str, Any]] = deque(maxlen=RECENT_EVENTS)
+        recent: deque[EventView] = deque(maxlen=RECENT_EVENTS)
         with Live(steps_table(view), console=console, refresh_per_second=8) as live:
             while view["finished_at"] is None:
                 time.sleep(poll)
@@ -196,12 +197,12 @@ def follow(
         view = load_view()
 
 
-def _event_line(event: dict[str, Any]) -> str:
+def _event_line(event: EventView) -> str:
     where = f"[{event['step_key']}] " if event["step_key"] else ""
-    return f"{event['created_at'][11:19]} {where}{event['message']}"
+    return f"{(event['created_at'] or '')[11:19]} {where}{event['message']}"
 
 
-def _events_text(events: list[dict[str, Any]]) -> Text:
+def _events_text(events: list[EventView]) -> Text:
     return Text("\n".join(_event_line(e) for e in events), style="dim")
 
 
@@ -220,7 +221,7 @@ def _cost_cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def money(row: dict[str, Any]) -> str:
+def money(row: Mapping[str, Any]) -> str:
     """A row's cost: `$0.0123`, `unknown`, or `≥$0.0123 (+2 unpriced calls)`.
 
     `unknown` when no call was priced, the `≥` form when some were not
@@ -309,7 +310,7 @@ def replay_table(report: ReplayReport) -> Table:
     return table
 
 
-def attempt_log(entry: dict[str, Any]) -> Group:
+def attempt_log(entry: LogEntry) -> Group:
     """`merlin logs`: one attempt's conversation, then its exit command's output."""
     code = "" if entry["exit_code"] is None else f", exit code {entry['exit_code']}"
     header = Text(
