@@ -24,7 +24,85 @@ from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcn
 
 DURATION = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$")
 UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-NO_CALLS = {
+
+
+class CostFields(TypedDict):
+    """The cost of anything that made model calls, as every view shows it."""
+
+    unpriced_calls: int
+    """Calls whose price is unknown."""
+    known_cost_usd: float
+    """What the priced calls cost."""
+    cost_usd: float | None
+    """The whole cost; None when any call is unpriced."""
+
+
+class CallCounts(CostFields):
+    """Calls, tokens and cost of a group of calls (a job, a tier, an attempt)."""
+
+    calls: int
+    replayed_calls: int
+    cached_calls: int
+    failed_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class TierCosts(CallCounts):
+    """The calls of one tier."""
+
+    tier: str
+
+
+class AttemptCosts(CallCounts):
+    """The calls of one attempt."""
+
+    number: int
+    kind: str
+    tier: str
+
+
+class StepCosts(CostFields):
+    """The calls of one step, attempt by attempt."""
+
+    id: str
+    calls: int
+    attempts: list[AttemptCosts]
+
+
+class Escalation(TypedDict):
+    """One escalation, from the job's events."""
+
+    job_id: str
+    step: str | None
+    from_tier: str | None
+    to_tier: str | None
+    reason: str | None
+
+
+class JobCosts(TypedDict):
+    """What ``merlin costs JOB --json`` prints."""
+
+    job_id: str
+    status: str
+    budget_usd: float | None
+    total: CallCounts
+    tiers: list[TierCosts]
+    steps: list[StepCosts]
+    escalations: list[Escalation]
+
+
+class CostsSince(TypedDict):
+    """What ``merlin costs --since --json`` prints."""
+
+    since: str
+    jobs: int
+    total: CallCounts
+    tiers: list[TierCosts]
+    escalations: int
+
+
+NO_CALLS: CallCounts = {
     "calls": 0,
     "replayed_calls": 0,
     "cached_calls": 0,
@@ -66,7 +144,7 @@ def _sums(*group_by: Any) -> Any:
     )
 
 
-def _row(row: Any) -> dict[str, Any]:
+def _row(row: Any) -> CallCounts:
     return {
         "calls": int(row.calls or 0),
         "replayed_calls": int(row.replayed_calls or 0),
@@ -76,17 +154,6 @@ def _row(row: Any) -> dict[str, Any]:
         "completion_tokens": int(row.completion_tokens or 0),
         **cost_fields(float(row.cost_usd or 0.0), int(row.unpriced_calls or 0)),
     }
-
-
-class CostFields(TypedDict):
-    """The cost of anything that made model calls, as every view shows it."""
-
-    unpriced_calls: int
-    """Calls whose price is unknown."""
-    known_cost_usd: float
-    """What the priced calls cost."""
-    cost_usd: float | None
-    """The whole cost; None when any call is unpriced."""
 
 
 def cost_fields(known: float, unpriced: int) -> CostFields:
@@ -99,12 +166,12 @@ def cost_fields(known: float, unpriced: int) -> CostFields:
     }
 
 
-def _sum_costs(rows: list[dict[str, Any]]) -> CostFields:
+def _sum_costs(rows: list[AttemptCosts]) -> CostFields:
     known = sum(row["known_cost_usd"] for row in rows)
     return cost_fields(known, sum(row["unpriced_calls"] for row in rows))
 
 
-def _escalations(session: Session, job_ids: Any) -> list[dict[str, Any]]:
+def _escalations(session: Session, job_ids: Any) -> list[Escalation]:
     events = session.scalars(
         select(Event).where(Event.job_id.in_(job_ids), Event.kind == "escalated").order_by(Event.id)
     ).all()
@@ -120,7 +187,7 @@ def _escalations(session: Session, job_ids: Any) -> list[dict[str, Any]]:
     ]
 
 
-def job_costs(db: Database, job_id: str) -> dict[str, Any]:
+def job_costs(db: Database, job_id: str) -> JobCosts:
     """A job's calls, tokens and cost: total, per tier, per step and per attempt."""
     with db.reader() as session:
         job = session.get(Job, job_id)
@@ -135,16 +202,16 @@ def job_costs(db: Database, job_id: str) -> dict[str, Any]:
                 _sums(LlmCall.attempt_id).where(where).group_by(LlmCall.attempt_id)
             ).all()
         }
-        steps = []
+        steps: list[StepCosts] = []
         for step in session.scalars(
             select(Step).where(Step.job_id == job_id).order_by(Step.position)
         ).all():
-            attempts = [
+            attempts: list[AttemptCosts] = [
                 {
                     "number": attempt.number,
                     "kind": attempt.kind,
                     "tier": attempt.tier,
-                    **per_attempt.get(attempt.id, dict(NO_CALLS)),
+                    **per_attempt.get(attempt.id, NO_CALLS),
                 }
                 for attempt in session.scalars(
                     select(Attempt).where(Attempt.step_id == step.id).order_by(Attempt.number)
@@ -169,7 +236,7 @@ def job_costs(db: Database, job_id: str) -> dict[str, Any]:
         }
 
 
-def costs_since(db: Database, since: timedelta) -> dict[str, Any]:
+def costs_since(db: Database, since: timedelta) -> CostsSince:
     """Totals across the jobs created in the last ``since``, and per tier."""
     start = utcnow() - since
     with db.reader() as session:

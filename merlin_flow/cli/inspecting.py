@@ -107,11 +107,12 @@ def costs(
 
     def work() -> None:
         from merlin_flow.cli.render import costs_since_table, job_costs_tables
-        from merlin_flow.costs import costs_since, job_costs, parse_since
+        from merlin_flow.costs import CostsSince, JobCosts, costs_since, job_costs, parse_since
 
         if (job_id is None) == (since is None):
             raise InputError("give a JOB id or --since (like --since 7d): one of the two")
         _, db = state()
+        report: JobCosts | CostsSince
         if job_id is not None:
             report = job_costs(db, job_id)
             tables = job_costs_tables(report)

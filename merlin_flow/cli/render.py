@@ -16,6 +16,7 @@ from rich.text import Text
 from merlin_flow.store.status import AttemptStatus, JobStatus, StepStatus
 
 if TYPE_CHECKING:
+    from merlin_flow.costs import CostsSince, JobCosts
     from merlin_flow.jobs import AttemptView, EventView, JobListEntry, JobView, LogEntry
     from merlin_flow.replay import ReplayReport
 
@@ -209,7 +210,7 @@ def _events_text(events: list[EventView]) -> Text:
 COST_COLUMNS = ("calls", "replayed", "cached", "failed", "tokens in", "tokens out", "cost")
 
 
-def _cost_cells(row: dict[str, Any]) -> list[str]:
+def _cost_cells(row: Mapping[str, Any]) -> list[str]:
     return [
         str(row["calls"]),
         str(row["replayed_calls"]),
@@ -236,7 +237,7 @@ def money(row: Mapping[str, Any]) -> str:
     return f"≥${known:.4f} (+{unpriced} unpriced call{'s' if unpriced > 1 else ''})"
 
 
-def job_costs_tables(report: dict[str, Any]) -> list[Table]:
+def job_costs_tables(report: JobCosts) -> list[Table]:
     """`merlin costs JOB`: one row per attempt, then per tier, then the escalations."""
     budget = report["budget_usd"]
     title = f"costs of job {report['job_id']} · total {money(report['total'])}"
@@ -274,7 +275,7 @@ def job_costs_tables(report: dict[str, Any]) -> list[Table]:
     return tables
 
 
-def costs_since_table(report: dict[str, Any]) -> Table:
+def costs_since_table(report: CostsSince) -> Table:
     """`merlin costs --since`: totals across jobs, per tier."""
     title = (
         f"{report['jobs']} jobs since {report['since']} · {money(report['total'])} · "
