@@ -1,12 +1,28 @@
-"""The notes under the steps table: a failed exit command's last lines and where the rest is."""
+"""The CLI's tables: steps, failure notes, costs, and how a cost is written."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from merlin_flow.cli.render import FAILURE_LINES, failure_notes, steps_table
+from merlin_flow.attempt import execute_step
+from merlin_flow.cli.render import (
+    FAILURE_LINES,
+    costs_since_table,
+    failure_notes,
+    job_costs_tables,
+    money,
+    steps_table,
+)
+from merlin_flow.costs import costs_since, job_costs
+from merlin_flow.jobs import job_view
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database
+from merlin_flow.verdict import verify_step
+from tests.unit.scripted_jobs import scripted_job
 
 
 def view(status: str, exit_code: int | None, output: str) -> dict[str, Any]:
@@ -44,3 +60,56 @@ def test_a_failed_exit_command_shows_its_last_lines_and_names_merlin_logs() -> N
 def test_no_notes_for_a_passed_or_an_agent_error_attempt() -> None:
     assert failure_notes(view("passed", 0, "ok")).plain == ""
     assert failure_notes(view("error", None, "")).plain == ""
+
+
+def _text(renderable: Any, width: int = 160) -> str:
+    console = Console(record=True, width=width, color_system=None)
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_money_says_when_a_cost_is_unknown_or_only_a_floor() -> None:
+    assert money({"unpriced_calls": 0, "known_cost_usd": 0.01234, "cost_usd": 0.01234}) == (
+        "$0.0123"
+    )
+    assert money({"unpriced_calls": 3, "known_cost_usd": 0.0, "cost_usd": None}) == "unknown"
+    assert money({"unpriced_calls": 1, "known_cost_usd": 0.5, "cost_usd": None}) == (
+        "≥$0.5000 (+1 unpriced call)"
+    )
+    assert money({"unpriced_calls": 2, "known_cost_usd": 0.5, "cost_usd": None}).endswith(
+        "(+2 unpriced calls)"
+    )
+
+
+def test_the_steps_table_shows_each_step_its_attempts_and_the_job(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = scripted_job(db, settings, py_repo, tmp_path, steps=2)
+    execute_step(db, settings, job_id, "s0", "w:1")
+    verify_step(db, settings, job_id, "s0", "w:2")
+    text = _text(steps_table(job_view(db, job_id)))
+    assert f"job {job_id}" in text
+    assert "running" in text
+    s0 = next(line for line in text.splitlines() if "│ s0" in line)
+    assert "✓" in s0
+    assert "execute@local exit 0" in s0
+    s1 = next(line for line in text.splitlines() if "│ s1" in line)
+    assert "○" in s1
+    assert "Pending" in s1
+
+
+def test_the_cost_tables_of_a_job(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    execute_step(db, settings, job_id, "s0", "w:1")
+    verify_step(db, settings, job_id, "s0", "w:2")
+    report = job_costs(db, job_id)
+    text = "\n".join(_text(table) for table in job_costs_tables(report))
+    assert "per tier" in text
+    assert f"{report['total']['calls']}" in text
+    local = [line for line in text.splitlines() if "│ local" in line]
+    assert local
+    assert all("$0.0000" in line for line in local)
+    since = _text(costs_since_table(costs_since(db, timedelta(days=1))))
+    assert "local" in since
