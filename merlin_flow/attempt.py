@@ -32,8 +32,6 @@ from merlin_flow.errors import (
     JobCancelled,
     LeaseLost,
     ModelUnreachable,
-    SandboxUnavailable,
-    SetupFailed,
 )
 from merlin_flow.escalation import MODEL_UNREACHABLE, AttemptKind, feedback_for
 from merlin_flow.git import (
@@ -53,13 +51,12 @@ from merlin_flow.journal import (
     record_call,
     replayable_calls,
 )
-from merlin_flow.leases import Heartbeat, claim
+from merlin_flow.leases import Heartbeat
 from merlin_flow.lifecycle import (
     HeldStep,
     Outcome,
     add_event,
     end_job_in_session,
-    fail_job,
     finalize_job,
     hand_off,
     job_has_ended,
@@ -143,19 +140,7 @@ def execute_step(
         held = HeldStep(
             db, settings, job_id, step_key, step.id, token, MerlinConfig.model_validate(job.config)
         )
-    if not claim(db, held.step_id, Phase.ATTEMPT, token, held.config.limits.lease_seconds):
-        return Outcome.STOP
-    try:
-        with Heartbeat(db, held.step_id, token, held.config.limits.lease_seconds) as heartbeat:
-            return _run_attempt(held, heartbeat)
-    except LeaseLost as exc:
-        log.warning("%s", exc)
-        return Outcome.STOP
-    except (SetupFailed, SandboxUnavailable) as exc:
-        # A fault of the project's environment or of this machine, not of the step: the
-        # job fails once, with the reason, instead of every attempt failing the same way.
-        fail_job(db, settings, job_id, step_key, token, str(exc))
-        return Outcome.STOP
+    return held.work(Phase.ATTEMPT, lambda heartbeat: _run_attempt(held, heartbeat))
 
 
 def step_environment(

@@ -10,6 +10,7 @@ the agent or the model stack: ``merlin status`` loads only this.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -20,9 +21,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
-from merlin_flow.errors import GitError, LeaseLost, RemoteUnavailable
+from merlin_flow.errors import (
+    GitError,
+    LeaseLost,
+    RemoteUnavailable,
+    SandboxUnavailable,
+    SetupFailed,
+)
 from merlin_flow.git import diff, remove_worktree
-from merlin_flow.leases import QUEUED, queued_values
+from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values
 from merlin_flow.reports import job_summary
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
@@ -91,6 +98,26 @@ class HeldStep:
         worker that took the step over: neither can delete the other's.
         """
         return self.settings.worktrees_dir / self.job_id / f"{name}-{self.token.rsplit(':', 1)[-1]}"
+
+    def work(self, phase: Phase, work: Callable[[Heartbeat], Outcome]) -> Outcome:
+        """Claim the step for ``phase`` and ``work`` it while the lease is renewed.
+
+        A lost lease stops the work (another worker has the step). A fault of the
+        project's environment or of this machine, not of the step, fails the job once,
+        with the reason, instead of every attempt failing the same way.
+        """
+        lease = self.config.limits.lease_seconds
+        if not claim(self.db, self.step_id, phase, self.token, lease):
+            return Outcome.STOP
+        try:
+            with Heartbeat(self.db, self.step_id, self.token, lease) as heartbeat:
+                return work(heartbeat)
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+            return Outcome.STOP
+        except (SetupFailed, SandboxUnavailable) as exc:
+            fail_job(self.db, self.settings, self.job_id, self.step_key, self.token, str(exc))
+            return Outcome.STOP
 
     def release(self) -> None:
         """End the step's work in a transaction of its own (see ``release_step``)."""

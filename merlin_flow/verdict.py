@@ -20,7 +20,7 @@ from merlin_flow.attempt import step_brief, step_environment
 from merlin_flow.budget import BudgetGuard
 from merlin_flow.config import MerlinConfig
 from merlin_flow.environment import prepare_worktree, step_confinement
-from merlin_flow.errors import BudgetExceeded, LeaseLost, SandboxUnavailable, SetupFailed
+from merlin_flow.errors import BudgetExceeded, LeaseLost, SetupFailed
 from merlin_flow.escalation import (
     Action,
     AttemptKind,
@@ -32,13 +32,12 @@ from merlin_flow.escalation import (
 )
 from merlin_flow.exit_commands import run_exit_command
 from merlin_flow.git import add_worktree, remove_worktree
-from merlin_flow.leases import Heartbeat, claim, queued_values
+from merlin_flow.leases import Heartbeat, queued_values
 from merlin_flow.lifecycle import (
     HeldStep,
     Outcome,
     add_event,
     end_job_in_session,
-    fail_job,
     fail_job_in_session,
     finalize_job,
     hand_off,
@@ -98,23 +97,15 @@ def verify_step(
         )
         location, branch = job.repo, job.branch
     repository = repository_of(location, settings)
-    if not claim(db, held.step_id, Phase.VERIFY, token, held.config.limits.lease_seconds):
-        return Outcome.STOP
-    try:
-        with Heartbeat(db, held.step_id, token, held.config.limits.lease_seconds) as heartbeat:
-            verdict = _judge(held, repository)
-            if heartbeat.lost:
-                raise LeaseLost(f"step {step_key}: lease lost during verification")
+
+    def judge_and_decide(heartbeat: Heartbeat) -> Outcome:
+        verdict = _judge(held, repository)
+        if heartbeat.lost:
+            raise LeaseLost(f"step {step_key}: lease lost during verification")
         # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
-        if verdict.passed:
-            return _pass(verdict, repository, branch)
-        return _fail(verdict)
-    except LeaseLost as exc:
-        log.warning("%s", exc)
-        return Outcome.STOP
-    except (SetupFailed, SandboxUnavailable) as exc:
-        fail_job(db, settings, job_id, step_key, token, str(exc))
-        return Outcome.STOP
+        return _pass(verdict, repository, branch) if verdict.passed else _fail(verdict)
+
+    return held.work(Phase.VERIFY, judge_and_decide)
 
 
 def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
