@@ -125,17 +125,30 @@ def postgres_url() -> Iterator[str]:
     yield from _postgres_database()
 
 
-REDIS_URL = os.environ.get("MERLIN_TEST_REDIS_URL", "redis://127.0.0.1:6379")
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str | None]:
+    """The base URL of the tests' own Redis server (tests/redis_server.py); None if none."""
+    from tests.redis_server import NoRedisServer, own_redis_server
+
+    try:
+        with own_redis_server(tmp_path_factory.mktemp("redis")) as url:
+            yield url
+    except NoRedisServer as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis is required in CI: {exc}")
+        yield None
 
 
 @pytest.fixture
-def redis_url() -> Iterator[str]:
-    """An empty Redis database (one of 1-15, flushed); skipped locally, a failure in CI."""
+def redis_url(redis_server: str | None) -> Iterator[str]:
+    """An empty database (one of 1-15) of the tests' own Redis server, flushed after."""
     import random
 
     import redis
 
-    url = f"{REDIS_URL.rstrip('/')}/{random.randint(1, 15)}"
+    if redis_server is None:
+        pytest.skip("no Redis for the tests: install redis-server or set MERLIN_TEST_REDIS_URL")
+    url = f"{redis_server}/{random.randint(1, 15)}"
     client = redis.Redis.from_url(url)
     try:
         client.flushdb()

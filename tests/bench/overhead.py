@@ -255,9 +255,12 @@ def run_backend(name: str, work: Path, env: dict[str, str], args: argparse.Names
 
 
 def scaled_env(work: Path) -> tuple[dict[str, str], Any]:
-    """A fresh Postgres database and Redis db for the run, and a cleanup function."""
-    import redis
+    """A fresh Postgres database and a Redis server of the run's own, and a cleanup function."""
+    from contextlib import ExitStack
+
     from sqlalchemy import create_engine, text
+
+    from tests.redis_server import own_redis_server
 
     admin_url = os.environ.get(
         "MERLIN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -266,14 +269,14 @@ def scaled_env(work: Path) -> tuple[dict[str, str], Any]:
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    redis_url = os.environ.get("MERLIN_TEST_REDIS_URL", "redis://127.0.0.1:6379") + "/14"
-    redis.Redis.from_url(redis_url).flushdb()
+    servers = ExitStack()
+    redis_url = servers.enter_context(own_redis_server(work / "redis")) + "/14"
 
     def cleanup() -> None:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
-        redis.Redis.from_url(redis_url).flushdb()
+        servers.close()
 
     env = {
         "MERLIN_DATABASE_URL": admin_url.rsplit("/", 1)[0] + f"/{name}",
