@@ -91,6 +91,13 @@ def head_commit(repo: Path) -> str:
     return git("rev-parse", "HEAD^{commit}", cwd=repo)
 
 
+def uncommitted_files(repo: Path) -> list[str]:
+    """Files of the work tree that differ from HEAD: changed, staged, or new and not ignored."""
+    changed = git("diff", "--name-only", "HEAD", cwd=repo, check=False).splitlines()
+    new = git("ls-files", "--others", "--exclude-standard", cwd=repo, check=False).splitlines()
+    return sorted({*changed, *new})
+
+
 def job_branch(job_id: str) -> str:
     """The branch that carries a job's verified commits."""
     return f"merlin/{job_id}"

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from merlin_flow.budget import require_priced_tiers
-from merlin_flow.config import MerlinConfig, load_config, scripts_inside
+from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config, scripts_inside
 from merlin_flow.credentials import require_a_usable_tier
 from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import ConfigError, InputError
 from merlin_flow.exit_commands import exit_command_for
-from merlin_flow.git import job_branch
+from merlin_flow.git import job_branch, uncommitted_files
 from merlin_flow.leases import queued_values
 from merlin_flow.lifecycle import add_event
 from merlin_flow.repository import (
@@ -33,6 +33,11 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
 from merlin_flow.tasklist import TaskList, load_tasklist
 
+UNCOMMITTED = (
+    "{repo} has uncommitted changes ({files}); the job starts from HEAD {head} without "
+    "them: commit them first to include them"
+)
+
 
 @dataclass(frozen=True)
 class Submission:
@@ -40,6 +45,8 @@ class Submission:
 
     job_id: str
     config: MerlinConfig
+    warnings: tuple[str, ...] = ()
+    """What the submitter should know (uncommitted changes left out of the job...)."""
 
 
 def submit_job(
@@ -63,6 +70,7 @@ def submit_job(
     """
     if budget_usd is not None and not budget_usd > 0:
         raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
+    tasklist_file = tasklist if isinstance(tasklist, Path) else None
     if isinstance(tasklist, Path):
         tasklist = load_tasklist(tasklist)
     tasklist.check_submittable()
@@ -93,7 +101,27 @@ def submit_job(
         base_commit=base,
         exit_commands=commands,
     )
-    return Submission(job_id, config)
+    # The files that made the job are read as they are: no need to commit them.
+    inputs = [p for p in (tasklist_file, config_path) if p is not None]
+    inputs.append(repository.path / CONFIG_FILE_NAME)
+    return Submission(job_id, config, _warnings(repository, repo, base, inputs))
+
+
+def _warnings(
+    repository: JobRepository, repo: str, base: str, inputs: list[Path]
+) -> tuple[str, ...]:
+    """Uncommitted changes the job leaves out (not counting its TaskList and config files)."""
+    if repository.url is not None:
+        return ()
+    top = repository.path.resolve()
+    own = {
+        p.resolve().relative_to(top).as_posix() for p in inputs if p.resolve().is_relative_to(top)
+    }
+    files = [f for f in uncommitted_files(repository.path) if f not in own]
+    if not files:
+        return ()
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (UNCOMMITTED.format(repo=repo, files=shown, head=base[:10]),)
 
 
 def new_job_id() -> str:

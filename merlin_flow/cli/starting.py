@@ -63,6 +63,8 @@ def _warn_when_unconfined(submission: Submission) -> None:
 
     if submission.config.sandbox.mode is SandboxMode.NONE:
         err_console.print(f"[yellow]{escape(SANDBOX_OFF_WARNING)}[/]", highlight=False)
+    for warning in submission.warnings:
+        err_console.print(f"[yellow]warning: {escape(warning)}[/]", highlight=False)
 
 
 def run(

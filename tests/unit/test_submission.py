@@ -74,3 +74,34 @@ def test_a_tasklist_file_and_a_repository_make_a_pending_job(
         assert (job.status, job.budget_usd, len(job.steps)) == (JobStatus.PENDING, 1.0, 1)
         assert job.steps[0].exit_command == "python -m pytest -q"  # found the project kind
     assert git(py_repo, "branch", "--list", f"merlin/{submission.job_id}").strip()
+
+
+def test_uncommitted_changes_are_named_as_left_out(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "local.yaml"
+    script.write_text("rules: []\n")
+    config = tmp_path / "merlin.toml"
+    config.write_text(f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n')
+    tasklist = parse_tasklist(TASKLIST)
+    clean = submit_job(db, settings, tasklist, str(py_repo), config)
+    assert clean.warnings == ()
+    (py_repo / "app.py").write_text("def answer():\n    return 42\n")
+    (py_repo / "notes.txt").write_text("new\n")
+    dirty = submit_job(db, settings, tasklist, str(py_repo), config)
+    head = git(py_repo, "rev-parse", "HEAD")[:10]
+    (warning,) = dirty.warnings
+    assert "uncommitted changes (app.py, notes.txt)" in warning
+    assert f"starts from HEAD {head} without them" in warning
+
+
+def test_the_tasklist_and_config_files_themselves_are_not_warned_about(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "local.yaml"
+    script.write_text("rules: []\n")
+    config = py_repo / "merlin.toml"
+    config.write_text(f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n')
+    tasklist = py_repo / "tasklist.yaml"
+    tasklist.write_text("title: t\nsteps:\n  - {id: fix, step_type: Debug, description: d}\n")
+    assert submit_job(db, settings, tasklist, str(py_repo), config).warnings == ()
