@@ -22,6 +22,17 @@ def _jobs(db: Database) -> int:
         return session.scalar(select(func.count()).select_from(Job)) or 0
 
 
+def _job_files(folder: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A merlin.toml (one scripted tier, its script in ``tmp_path``) and a TaskList file."""
+    script = tmp_path / "local.yaml"
+    script.write_text("rules: []\n")
+    config = folder / "merlin.toml"
+    config.write_text(f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n')
+    tasklist = folder / "tasklist.yaml"
+    tasklist.write_text("title: t\nsteps:\n  - {id: fix, step_type: Debug, description: d}\n")
+    return config, tasklist
+
+
 def _repo_with_scripted_config(tmp_path: Path) -> Path:
     """A repository whose merlin.toml names a script inside it, and its bare clone."""
     repo = make_repo(
@@ -59,12 +70,7 @@ def test_a_budget_of_nothing_is_refused_before_anything_is_read(
 def test_a_tasklist_file_and_a_repository_make_a_pending_job(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    script = tmp_path / "local.yaml"
-    script.write_text("rules: []\n")
-    config = tmp_path / "merlin.toml"
-    config.write_text(f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n')
-    tasklist = tmp_path / "tasklist.yaml"
-    tasklist.write_text("title: t\nsteps:\n  - {id: fix, step_type: Debug, description: d}\n")
+    config, tasklist = _job_files(tmp_path, tmp_path)
 
     submission = submit_job(db, settings, tasklist, str(py_repo), config, budget_usd=1.0)
 
@@ -79,10 +85,7 @@ def test_a_tasklist_file_and_a_repository_make_a_pending_job(
 def test_uncommitted_changes_are_named_as_left_out(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    script = tmp_path / "local.yaml"
-    script.write_text("rules: []\n")
-    config = tmp_path / "merlin.toml"
-    config.write_text(f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n')
+    config, _ = _job_files(tmp_path, tmp_path)
     tasklist = parse_tasklist(TASKLIST)
     clean = submit_job(db, settings, tasklist, str(py_repo), config)
     assert clean.warnings == ()
@@ -98,10 +101,5 @@ def test_uncommitted_changes_are_named_as_left_out(
 def test_the_tasklist_and_config_files_themselves_are_not_warned_about(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    script = tmp_path / "local.yaml"
-    script.write_text("rules: []\n")
-    config = py_repo / "merlin.toml"
-    config.write_text(f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n')
-    tasklist = py_repo / "tasklist.yaml"
-    tasklist.write_text("title: t\nsteps:\n  - {id: fix, step_type: Debug, description: d}\n")
+    config, tasklist = _job_files(py_repo, tmp_path)
     assert submit_job(db, settings, tasklist, str(py_repo), config).warnings == ()
