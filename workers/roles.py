@@ -82,12 +82,25 @@ class EmbeddedWorker:
         """Stop the sweeper and the worker (after its current task)."""
         if self._sweeper is not None:
             self._sweeper.stop()
+            self._sweeper = None
         if self._worker is not None:
             self._worker.stop(in_sighandler=False)
+            self._worker = None
         if self._thread is not None:
             # The worker may be in a task of another job that shares the broker: let it
             # finish that task (a second Ctrl-C abandons it to the recovery sweep).
             self._thread.join()
+            self._thread = None
+
+    def abandon(self) -> None:
+        """Stop the sweeper and leave the current task to die with this process.
+
+        Its step's lease then lapses and another worker's recovery sweep takes it over.
+        """
+        if self._sweeper is not None:
+            self._sweeper.stop()
+            self._sweeper = None
+        self._worker = self._thread = None
 
 
 def broker_report(app: Celery, timeout: float = 2.0) -> tuple[str | None, dict[str, int] | None]:

@@ -23,9 +23,30 @@ if TYPE_CHECKING:
     from merlin_flow.settings import Settings
     from merlin_flow.store import Database
 
-console = Console()
-err_console = Console(stderr=True)
+PLAIN_WIDTH = 4096
+"""Line width when not on a terminal: CI logs and pipes get whole lines, never wrapped."""
+
+
+def _console(stderr: bool = False) -> Console:
+    """Rich's console on a terminal; elsewhere one that never wraps (unless COLUMNS says)."""
+    probe = Console(stderr=stderr)
+    if probe.is_terminal or os.environ.get("COLUMNS"):
+        return probe
+    return Console(stderr=stderr, width=PLAIN_WIDTH, soft_wrap=True)
+
+
+console = _console()
+err_console = _console(stderr=True)
 T = TypeVar("T")
+
+
+def rule(title: str) -> None:
+    """A heading: a rule across a terminal, a plain line elsewhere."""
+    if console.is_terminal:
+        console.rule(title)
+    else:
+        console.print(f"── {title} ──", markup=False, highlight=False)
+
 
 RepoOption = Annotated[
     str,

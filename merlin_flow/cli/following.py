@@ -7,18 +7,21 @@ worker in this process (``run_embedded``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
 
-from merlin_flow.cli.common import T, console, err_console
+from merlin_flow.cli.common import T, console, err_console, rule
 
 if TYPE_CHECKING:
     from merlin_flow.jobs import JobView
     from merlin_flow.store import Database
+    from workers.roles import EmbeddedWorker
 
 
 def enqueue(db: Database, job_id: str) -> None:
@@ -30,10 +33,30 @@ def enqueue(db: Database, job_id: str) -> None:
     enqueue_job(db, job_id)
 
 
+class OnInterrupt(StrEnum):
+    """What Ctrl-C does to a job worked in this process (``merlin run --on-interrupt``)."""
+
+    ASK = "ask"
+    CANCEL = "cancel"
+    DETACH = "detach"
+
+
+INTERRUPTED = 130
+"""Exit code after Ctrl-C, as shells report a SIGINT."""
+
+
 def run_embedded(
-    db: Database, job_id: str, as_json: bool, until: Callable[[], T] | None = None
+    db: Database,
+    job_id: str,
+    as_json: bool,
+    until: Callable[[], T] | None = None,
+    on_interrupt: OnInterrupt = OnInterrupt.ASK,
 ) -> T | None:
-    """Work the job with a worker in this process until ``until`` (default: finish) returns."""
+    """Work the job with a worker in this process until ``until`` (default: finish) returns.
+
+    Ctrl-C cancels the job or leaves it for the workers (``on_interrupt``; ``ask`` asks
+    on a terminal and cancels elsewhere), says which, and exits 130.
+    """
     from workers.app import app as celery_app
     from workers.canvas import enqueue_job
     from workers.roles import EmbeddedWorker
@@ -48,8 +71,95 @@ def run_embedded(
             finish(db, job_id, as_json)
             return None
         return until()
+    except KeyboardInterrupt:
+        if _decide(on_interrupt, job_id) is OnInterrupt.DETACH:
+            worker.abandon()
+            _say_detached(job_id)
+        else:
+            _cancel_here(db, job_id, worker)
+        raise typer.Exit(INTERRUPTED) from None
     finally:
         worker.stop()
+
+
+def _decide(on_interrupt: OnInterrupt, job_id: str) -> OnInterrupt:
+    """The flag's choice; for ``ask``, the user's on a terminal, else cancel."""
+    import sys
+
+    from rich.prompt import Prompt
+
+    if on_interrupt is not OnInterrupt.ASK:
+        return on_interrupt
+    if not (sys.stdin.isatty() and err_console.is_terminal):
+        return OnInterrupt.CANCEL
+    try:
+        answer = Prompt.ask(
+            f"\ninterrupted: [bold]cancel[/] job {job_id}, or [bold]detach[/] it and leave "
+            "it to `merlin worker`?",
+            choices=["cancel", "detach"],
+            default="cancel",
+            console=err_console,
+        )
+    except (KeyboardInterrupt, EOFError):
+        return OnInterrupt.CANCEL
+    return OnInterrupt(answer)
+
+
+def _cancel_here(db: Database, job_id: str, worker: EmbeddedWorker) -> None:
+    """Cancel the job and wait for this process's worker to stop its step."""
+    from merlin_flow.control import cancel_job
+    from merlin_flow.errors import InputError
+    from merlin_flow.settings import get_settings
+
+    try:
+        cancel_job(db, get_settings(), job_id)
+    except InputError as exc:  # it ended, or its last step passed, meanwhile
+        err_console.print(f"interrupted; {escape(str(exc))}", highlight=False)
+        return
+    err_console.print(
+        f"interrupted: job {job_id} cancelled; waiting for its running step to stop at its "
+        "next model or tool call (Ctrl-C again to stop waiting)",
+        highlight=False,
+    )
+    try:
+        view = _wait_quietly(db, job_id)
+    except KeyboardInterrupt:
+        worker.abandon()
+        err_console.print(
+            f"job {job_id} is cancelled; a worker's recovery sweep closes it "
+            f"(`merlin status {job_id}`)",
+            highlight=False,
+        )
+        raise typer.Exit(INTERRUPTED) from None
+    err_console.print(
+        f"job {job_id} {view['status']}; branch {view['branch']} kept as it was "
+        f"(`merlin resume {job_id}` continues it)",
+        highlight=False,
+    )
+
+
+def _say_detached(job_id: str) -> None:
+    err_console.print(
+        f"interrupted: job {job_id} detached and still running. `merlin worker` (same "
+        "MERLIN_HOME, or the same database and broker) continues it; the step in progress "
+        f"is taken over once its lease lapses.\n  watch it:  merlin watch {job_id}\n"
+        f"  cancel it: merlin cancel {job_id}",
+        highlight=False,
+    )
+
+
+@contextmanager
+def stop_waiting_on_interrupt(job_id: str) -> Iterator[None]:
+    """Ctrl-C while waiting on a job the workers run: say it goes on, exit 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err_console.print(
+            f"\nstopped waiting; job {job_id} goes on with the workers.\n"
+            f"  watch it:  merlin watch {job_id}\n  cancel it: merlin cancel {job_id}",
+            highlight=False,
+        )
+        raise typer.Exit(INTERRUPTED) from None
 
 
 def finish(
@@ -94,7 +204,7 @@ def follow(db: Database, job_id: str, quiet: bool) -> JobView:
         console, lambda: job_view(db, job_id), lambda after: events_since(db, job_id, after)
     )
     if not console.is_terminal:
-        console.print(steps_table(view))
+        console.print(steps_table(view, plain=True))
     return view
 
 
@@ -105,9 +215,14 @@ def show_diff(db: Database, job_id: str) -> None:
     from merlin_flow.jobs import job_view
 
     view = job_view(db, job_id)
-    if view["patch"] and Path(view["patch"]).is_file():
-        console.rule(f"diff of {view['branch']}")
-        console.print(Syntax(Path(view["patch"]).read_text(), "diff", theme="ansi_dark"))
+    if not (view["patch"] and Path(view["patch"]).is_file()):
+        return
+    rule(f"diff of {view['branch']}")
+    text = Path(view["patch"]).read_text()
+    if console.is_terminal:
+        console.print(Syntax(text, "diff", theme="ansi_dark"))
+    else:
+        console.print(text, markup=False, highlight=False, end="")
 
 
 def _wait_quietly(db: Database, job_id: str) -> JobView:

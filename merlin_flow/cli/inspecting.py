@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from merlin_flow.cli.common import ConfigOption, JobArg, JsonOption, console, guarded, state
-from merlin_flow.cli.following import finish
+from merlin_flow.cli.following import finish, stop_waiting_on_interrupt
 from merlin_flow.errors import InputError
 
 
@@ -29,7 +29,7 @@ def status(
         if as_json:
             console.print_json(json.dumps(view))
             return
-        console.print(steps_table(view))
+        console.print(steps_table(view, plain=not console.is_terminal))
         console.print(f"branch: {view['branch']}")
         if view["error"]:
             console.print(f"[red]error:[/] {escape(view['error'])}")
@@ -67,7 +67,8 @@ def watch(job_id: JobArg) -> None:
 
         _, db = state()
         job_status(db, job_id)  # an unknown job is an input error before anything is drawn
-        finish(db, job_id, as_json=False)
+        with stop_waiting_on_interrupt(job_id):
+            finish(db, job_id, as_json=False)
 
     guarded(work)
 

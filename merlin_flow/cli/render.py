@@ -40,7 +40,9 @@ ATTEMPT_MARK: dict[str, str] = {
     AttemptStatus.ERROR: "✗",
     AttemptStatus.RUNNING: "working…",
     AttemptStatus.COMMITTED: "verifying…",
+    AttemptStatus.CANCELLED: "cancelled",
 }
+"""How each attempt status is marked in the steps table (every status has one)."""
 STATUS_ICON: dict[str, str] = {
     StepStatus.COMPLETED: "✓",
     StepStatus.FAILED: "✗",
@@ -67,16 +69,33 @@ def _attempts_cell(attempts: list[AttemptView]) -> Text:
             text.append("  ")
         status = attempt["status"]
         style = ATTEMPT_STYLE.get(status, "yellow")
-        mark = ATTEMPT_MARK.get(status, "?")
+        mark = ATTEMPT_MARK[status]
         code = "" if attempt["exit_code"] is None else f" exit {attempt['exit_code']}"
         text.append(f"{attempt['kind']}@{attempt['tier']}{code} {mark}", style=style)
     return text
 
 
-def steps_table(view: JobView) -> RenderableType:
-    """The steps table, and the output of the exit commands that failed last."""
+def steps_table(view: JobView, plain: bool = False) -> RenderableType:
+    """The steps table, and the output of the exit commands that failed last.
+
+    ``plain``: one line per step instead of a table, for CI logs and pipes.
+    """
+    steps = steps_lines(view) if plain else _steps_table(view)
     notes = failure_notes(view)
-    return Group(_steps_table(view), notes) if notes.plain else _steps_table(view)
+    return Group(steps, notes) if notes.plain else steps
+
+
+def steps_lines(view: JobView) -> Text:
+    """The steps table as plain lines: the job, then ``step · type · status · ...`` per step."""
+    lines = [f"job {view['id']} · {view['title']} · {view['status']} · {money(view)}"]
+    for step in view["steps"]:
+        attempts = _attempts_cell(step["attempts"]).plain or "no attempt yet"
+        lines.append(
+            f"  {step['id']} · {step['step_type']} · {step['status']} · tier "
+            f"{step['tier'] or '-'} · {_elapsed(step.get('started_at'), step.get('finished_at'))}"
+            f" · {attempts} · exit command: {step['exit_command']}"
+        )
+    return Text("\n".join(lines))
 
 
 def failure_notes(view: JobView) -> Text:

@@ -28,9 +28,18 @@ from merlin_flow.cli.common import (
     console,
     err_console,
     guarded,
+    rule,
     state,
 )
-from merlin_flow.cli.following import enqueue, finish, follow, run_embedded, show_diff
+from merlin_flow.cli.following import (
+    OnInterrupt,
+    enqueue,
+    finish,
+    follow,
+    run_embedded,
+    show_diff,
+    stop_waiting_on_interrupt,
+)
 from merlin_flow.errors import InputError
 
 if TYPE_CHECKING:
@@ -75,13 +84,27 @@ def run(
     as_json: JsonOption = False,
     junit: JunitOption = None,
     patch: PatchOption = None,
+    on_interrupt: Annotated[
+        OnInterrupt,
+        typer.Option(
+            "--on-interrupt",
+            help="What Ctrl-C does to the job: cancel it, or detach it for `merlin worker`. "
+            "ask: ask on a terminal, cancel elsewhere.",
+        ),
+    ] = OnInterrupt.ASK,
 ) -> None:
     """Submit a TaskList and work it in this process, with live progress."""
 
     def work() -> None:
         check_report_paths(junit, patch)
         db, job_id = _submit(tasklist, repo, config, budget, works_here=True)
-        run_embedded(db, job_id, as_json, until=lambda: finish(db, job_id, as_json, junit, patch))
+        run_embedded(
+            db,
+            job_id,
+            as_json,
+            until=lambda: finish(db, job_id, as_json, junit, patch),
+            on_interrupt=on_interrupt,
+        )
 
     guarded(work)
 
@@ -123,7 +146,8 @@ def submit(
         else:
             console.print(job_id)
         if wait:
-            finish(db, job_id, as_json, junit, patch)
+            with stop_waiting_on_interrupt(job_id):
+                finish(db, job_id, as_json, junit, patch)
 
     guarded(work)
 
@@ -151,7 +175,8 @@ def resume(
         elif not as_json:
             console.print(f"job {job_id} resumed from step {escape(step)}")
         if wait:
-            finish(db, job_id, as_json)
+            with stop_waiting_on_interrupt(job_id):
+                finish(db, job_id, as_json)
 
     guarded(work)
 
@@ -171,7 +196,13 @@ def replay(
 
         settings, db = state()
         replay_id = create_replay(db, settings, job_id)
-        run_embedded(db, replay_id, as_json, until=lambda: follow(db, replay_id, as_json))
+        run_embedded(
+            db,
+            replay_id,
+            as_json,
+            until=lambda: follow(db, replay_id, as_json),
+            on_interrupt=OnInterrupt.CANCEL,
+        )
         report = compare(db, settings, replay_id)
         if as_json:
             console.print_json(json.dumps(report.to_json()))
@@ -200,7 +231,7 @@ def demo() -> None:
         settings, db = state()
         demo_repo, tasklist, config = prepare_demo()
 
-        console.rule("merlin demo")
+        rule("merlin demo")
         console.print(
             "[bold yellow]Models are scripted[/]: offline and deterministic, replaying "
             "examples/demo/*.yaml. The demo shows the workflow (verify, fix, escalate), "

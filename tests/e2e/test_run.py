@@ -150,6 +150,12 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     )
     # Nothing verified: the job branch did not move.
     assert git(py_repo, "rev-parse", f"merlin/{view['id']}") == git(py_repo, "rev-parse", "main")
+    # In a pipe (a CI log) status prints whole lines, not a table cut at 80 columns.
+    lines = merlin(env, "status", view["id"]).stdout.splitlines()
+    step_line = next(line for line in lines if line.startswith("  fix · Debug · Failed · "))
+    assert "escalate@premium ✗  fix@premium ✗ · exit command: python -m pytest -q" in step_line
+    assert len(step_line) > 80
+    assert f"error: {view['error']}" in lines
 
 
 def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:

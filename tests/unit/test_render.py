@@ -20,7 +20,7 @@ from merlin_flow.cli.render import (
 from merlin_flow.costs import costs_since, job_costs
 from merlin_flow.jobs import job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database
+from merlin_flow.store import AttemptStatus, Database
 from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import scripted_job
 
@@ -113,3 +113,28 @@ def test_the_cost_tables_of_a_job(
     assert all("$0.0000" in line for line in local)
     since = _text(costs_since_table(costs_since(db, timedelta(days=1))))
     assert "local" in since
+
+
+def test_every_attempt_status_has_its_mark_and_a_cancelled_one_says_so() -> None:
+    cancelled = view("cancelled", None, "")
+    console = Console(width=200, record=True)
+    console.print(steps_table(cancelled))
+    text = console.export_text()
+    assert "fix@local cancelled" in text
+    assert "?" not in text
+    for status in AttemptStatus:
+        console.print(steps_table(view(status, None, "")))  # a missing mark raises KeyError
+
+
+def test_plain_steps_are_one_whole_line_per_step_however_long() -> None:
+    long = view("failed", 1, "boom\n")
+    long["steps"][0]["exit_command"] = "python -m pytest -q" + " tests/test_x.py" * 20
+    console = Console(width=4096, soft_wrap=True, record=True)
+    console.print(steps_table(long, plain=True))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert lines[0] == "job job123 · t · failed · $0.0000"
+    assert lines[1].startswith("  fix · Debug · Failed · tier local · - · fix@local exit 1 ✗ · ")
+    assert lines[1].endswith("exit command: " + long["steps"][0]["exit_command"])
+    assert not any("│" in line or "…" in line for line in lines)
+    assert "merlin logs job123 --step fix" in text
