@@ -7,37 +7,104 @@ The commands live in modules named for what they do (``starting``, ``inspecting`
 from __future__ import annotations
 
 import sys
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
+from merlin_flow import __version__
 from merlin_flow.cli import inspecting, operations, starting
-from merlin_flow.cli.common import err_console
+from merlin_flow.cli.common import console, err_console
+
+# Plain help, as git and pip print it: `--json` with no `<bool>` after it, paragraphs
+# wrapped at the terminal's width, and `-h` beside `--help`.
+HELP = {"help_option_names": ["-h", "--help"]}
+
+
+class Command(TyperCommand):
+    """A command whose usage line reads ``merlin run [OPTIONS] TASKLIST``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """Options, then each argument by its metavar: bare when required, else in []."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar or (param.name or "").upper()
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+
+class Group(TyperGroup):
+    """A command group that lists each command's first sentence whole, wrapped if long."""
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """The Commands section: name, then the first sentence of its help."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit=1000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 app = typer.Typer(
+    cls=Group,
     name="merlin",
     help="Run AI coding jobs as durable workflows: typed steps, verified, escalated.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings=HELP,
 )
-db_app = typer.Typer(help="Manage merlin's database.", no_args_is_help=True)
+db_app = typer.Typer(
+    cls=Group,
+    help="Manage merlin's database.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings=HELP,
+)
+
+
+def _version(show: bool) -> None:
+    if show:
+        console.print(f"merlin {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", "-V", is_eager=True, callback=_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Run AI coding jobs as durable workflows: typed steps, verified, escalated."""
+
 
 # In the order `merlin --help` lists them.
-app.command()(starting.run)
-app.command()(starting.submit)
-app.command()(operations.worker)
-app.command()(operations.flower)
-app.command()(inspecting.status)
-app.command("list")(inspecting.list_)
-app.command()(inspecting.costs)
-app.command()(starting.replay)
-app.command()(inspecting.doctor)
-app.command()(starting.demo)
-app.command()(inspecting.watch)
-app.command()(operations.cancel)
-app.command()(starting.resume)
-app.command()(inspecting.logs)
-db_app.command("upgrade")(operations.db_upgrade)
+for command, name in (
+    (starting.run, None),
+    (starting.submit, None),
+    (operations.worker, None),
+    (operations.flower, None),
+    (inspecting.status, None),
+    (inspecting.list_, "list"),
+    (inspecting.costs, None),
+    (starting.replay, None),
+    (inspecting.doctor, None),
+    (starting.demo, None),
+    (inspecting.watch, None),
+    (operations.cancel, None),
+    (starting.resume, None),
+    (inspecting.logs, None),
+):
+    app.command(name, cls=Command)(command)
+db_app.command("upgrade", cls=Command)(operations.db_upgrade)
 app.add_typer(db_app, name="db")
 
 

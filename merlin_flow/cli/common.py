@@ -75,8 +75,10 @@ PatchOption = Annotated[
     Path | None, typer.Option("--patch", help="Write the job's diff here when the job ends.")
 ]
 WaitOption = Annotated[bool, typer.Option("--wait", help="Block until the job ends.")]
-TaskListArg = Annotated[Path, typer.Argument(help="TaskList file (YAML or JSON).")]
-JobArg = Annotated[str, typer.Argument(help="The job id.")]
+TaskListArg = Annotated[
+    Path, typer.Argument(help="TaskList file (YAML or JSON).", metavar="TASKLIST")
+]
+JobArg = Annotated[str, typer.Argument(help="The job id.", metavar="JOB_ID")]
 
 
 def guarded(work: Callable[[], T]) -> T:

@@ -1,0 +1,67 @@
+"""The command line's conventions: --version, -h, usage lines, flags, whole summaries."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from merlin_flow import __version__
+from merlin_flow.cli.app import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(flag: str) -> None:
+    result = runner.invoke(app, [flag])
+    assert result.exit_code == 0
+    assert result.output == f"merlin {__version__}\n"
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_h_and_help_both_show_a_commands_help(flag: str) -> None:
+    result = runner.invoke(app, ["run", flag])
+    assert result.exit_code == 0
+    assert result.output.startswith("Usage: merlin run [OPTIONS] TASKLIST\n")
+    assert "-h, --help" in result.output
+
+
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        (["status"], "merlin status [OPTIONS] JOB_ID"),
+        (["resume"], "merlin resume [OPTIONS] JOB_ID"),
+        (["submit"], "merlin submit [OPTIONS] TASKLIST"),
+        (["costs"], "merlin costs [OPTIONS] [JOB_ID]"),
+        (["db", "upgrade"], "merlin db upgrade [OPTIONS]"),
+    ],
+)
+def test_usage_names_arguments_in_capitals_with_optional_ones_in_brackets(
+    command: list[str], usage: str
+) -> None:
+    result = runner.invoke(app, [*command, "-h"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == f"Usage: {usage}"
+    assert "{" not in result.output.splitlines()[0]
+
+
+def test_flags_show_no_value_and_refuse_one() -> None:
+    help_text = runner.invoke(app, ["status", "-h"]).output
+    assert re.search(r"^  --json\s+Print JSON", help_text, re.MULTILINE), help_text
+    assert "<bool>" not in help_text
+    refused = runner.invoke(app, ["list", "--json", "true"])
+    assert refused.exit_code == 2
+    assert "unexpected extra argument" in refused.output
+
+
+def test_the_command_list_gives_each_first_sentence_whole() -> None:
+    output = runner.invoke(app, ["--help"]).output
+    commands = output.split("Commands:\n", 1)[1]
+    assert "..." not in commands
+    joined = " ".join(commands.split())
+    assert "Enqueue a TaskList for the workers (`merlin worker`) and print the job id." in joined
+    assert "Continue a failed or cancelled job from its first unverified step, on the workers." in (
+        joined
+    )
