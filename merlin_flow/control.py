@@ -8,7 +8,10 @@ A job nobody is working on is finalized at once.
 Resuming puts a failed, cancelled or budget-stopped job back in motion from its first
 step that did not pass: that step starts afresh from the branch's head, on the tier it
 had reached (or ``--tier``), with its earlier failures as feedback; later steps start as
-they were routed. Completed steps are kept.
+they were routed. Completed steps are kept. A resume may correct what made the job
+fail: the first step's exit command (``--exit-command``) or the whole configuration
+(``--config``; each unfinished step keeps its tier where the new configuration has a
+tier of that name, and is routed afresh where it has not).
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from sqlalchemy import select
 
 from merlin_flow.budget import require_priced_tiers
 from merlin_flow.config import MerlinConfig
+from merlin_flow.credentials import require_a_usable_tier
+from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.escalation import AttemptKind
 from merlin_flow.leases import queued_values
 from merlin_flow.lifecycle import add_event, close_open_attempts, end_job_in_session, finalize_job
 from merlin_flow.repository import repository_of
+from merlin_flow.routing import start_tier
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
@@ -59,13 +65,25 @@ def resume_job(
     job_id: str,
     tier: str | None = None,
     budget_usd: float | None = None,
+    *,
+    exit_command: str | None = None,
+    config: MerlinConfig | None = None,
+    check_tiers: bool = True,
 ) -> str:
     """Reopen a failed or cancelled job from its first unverified step; returns that step.
 
-    The caller enqueues the job (``workflow.enqueue_job``).
+    ``exit_command`` replaces that step's exit command; ``config`` replaces the job's
+    configuration (its endpoints pinned as at submission; ``check_tiers`` refuses one
+    with no usable tier from here). The caller enqueues the job (``canvas.enqueue_job``).
     """
     if budget_usd is not None and not budget_usd > 0:
         raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
+    if exit_command is not None and not exit_command.strip():
+        raise InputError("--exit-command is empty: give the command that verifies the step")
+    if config is not None:
+        config = pin_endpoints(config)
+        if check_tiers:
+            require_a_usable_tier(config)
     with db.reader() as session:
         known = session.get(Job, job_id)
         location, branch = (known.repo, known.branch) if known else (None, None)
@@ -85,10 +103,12 @@ def resume_job(
                 f"job {job_id} ran out of its budget (${job.budget_usd or 0:.4f}); "
                 "resume it with a larger --budget"
             )
-        config = MerlinConfig.model_validate(job.config)
+        old_config = MerlinConfig.model_validate(job.config)
+        new_config = config or old_config
+        tasklist = TaskList.model_validate(job.tasklist)
         budget = budget_usd if budget_usd is not None else job.budget_usd
-        require_priced_tiers(config, TaskList.model_validate(job.tasklist), budget)
-        tier_index = config.tier_index(tier) if tier is not None else None
+        require_priced_tiers(new_config, tasklist, budget)
+        tier_index = new_config.tier_index(tier) if tier is not None else None
         if head != job.head_commit:
             raise InputError(
                 f"job branch {job.branch} is no longer at {job.head_commit[:10]} (someone "
@@ -101,10 +121,16 @@ def resume_job(
         if not todo:
             raise InputError(f"job {job_id}: every step already passed; nothing to resume")
         first = todo[0]
-        if tier_index is not None and not config.tiers[tier_index].serves(
+        if tier_index is not None and not new_config.tiers[tier_index].serves(
             StepType(first.step_type)
         ):
             raise InputError(f"tier {tier!r} does not take {first.step_type} steps (step_types)")
+        if config is not None:
+            _carry_tiers(todo, old_config, new_config, tasklist)
+            job.config = new_config.model_dump(mode="json")
+        changes = _changes(first, exit_command, new_config if config is not None else None)
+        if exit_command is not None:
+            first.exit_command = exit_command
         now = utcnow()
         for step in todo:
             close_open_attempts(step, AttemptStatus.CANCELLED, now)  # a lost worker's, a cancel's
@@ -129,13 +155,37 @@ def resume_job(
         job.updated_at = utcnow()
         if budget_usd is not None:
             job.budget_usd = budget_usd
-        tier_name = config.tiers[first.tier_index].name
+        tier_name = new_config.tiers[first.tier_index].name
         add_event(
             session,
             job_id,
             "job_resumed",
-            f"job resumed from step {first.key} on tier {tier_name}",
+            f"job resumed from step {first.key} on tier {tier_name}{changes}",
             first.key,
             tier=tier_name,
         )
         return first.key
+
+
+def _carry_tiers(
+    steps: list[Step], old: MerlinConfig, new: MerlinConfig, tasklist: TaskList
+) -> None:
+    """Move each step to the new configuration's tier of the same name, else route it."""
+    by_key = {step.id: step for step in tasklist.steps}
+    names = [tier.name for tier in new.tiers]
+    for step in steps:
+        name = old.tiers[step.tier_index].name if step.tier_index < len(old.tiers) else None
+        if name in names and new.tiers[names.index(name)].serves(StepType(step.step_type)):
+            step.tier_index = names.index(name)
+        else:
+            step.tier_index = start_tier(by_key[step.key], new)[0]
+
+
+def _changes(first: Step, exit_command: str | None, config: MerlinConfig | None) -> str:
+    """What the resume corrects, for its event: ``; exit command `x` (was `y`)...``."""
+    parts = []
+    if exit_command is not None and exit_command != first.exit_command:
+        parts.append(f"exit command `{exit_command}` (was `{first.exit_command}`)")
+    if config is not None:
+        parts.append(f"configuration from {config.source or 'the defaults'}")
+    return "".join(f"; {part}" for part in parts)

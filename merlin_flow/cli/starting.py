@@ -159,16 +159,41 @@ def resume(
         typer.Option("--tier", help="Tier for the first unverified step (default: as reached)."),
     ] = None,
     budget: BudgetOption = None,
+    exit_command: Annotated[
+        str | None,
+        typer.Option(
+            "--exit-command",
+            help="A new exit command for the step the job resumes from (its first "
+            "unverified step).",
+        ),
+    ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A merlin.toml to run the rest of the job with, instead of the one it was "
+            "submitted with (merged over the shipped defaults, as at submission).",
+        ),
+    ] = None,
     wait: WaitOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Continue a failed or cancelled job from its first unverified step, on the workers."""
 
     def work() -> None:
+        from merlin_flow.config import load_config
         from merlin_flow.control import resume_job
 
         settings, db = state()
-        step = resume_job(db, settings, job_id, tier=tier, budget_usd=budget)
+        step = resume_job(
+            db,
+            settings,
+            job_id,
+            tier=tier,
+            budget_usd=budget,
+            exit_command=exit_command,
+            config=load_config(None, config) if config is not None else None,
+        )
         enqueue(db, job_id)
         if as_json and not wait:
             console.print_json(json.dumps({"job_id": job_id, "step": step}))

@@ -81,3 +81,61 @@ def test_resume_refuses_what_it_cannot_do(
     view = job_view(db, job_id)
     assert (view["status"], view["budget_usd"], view["finished_at"]) == ("pending", 2.0, None)
     assert view["steps"][0]["status"] == "Pending"
+
+
+def test_resume_corrects_the_exit_command_and_the_configuration(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.config import MerlinConfig, Tier
+    from merlin_flow.control import cancel_job, resume_job
+    from merlin_flow.jobs import events_since
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path, steps=2)
+    cancel_job(db, settings, job_id)
+    script = tmp_path / "script.yaml"
+    # "local" moves to second place; "fresh" is new; the job's steps were on "local".
+    config = MerlinConfig(
+        tiers=[
+            Tier(name="fresh", model=f"scripted/{script}"),
+            Tier(name="local", model=f"scripted/{script}"),
+        ]
+    )
+    check = "python -c 'import app; print(\"answer is\", app.answer())'"
+
+    assert resume_job(db, settings, job_id, exit_command=check, config=config) == "s0"
+
+    view = job_view(db, job_id)
+    assert [s["exit_command"] for s in view["steps"]] == [check, "python -m pytest -q"]
+    assert [s["tier"] for s in view["steps"]] == ["local", "local"]
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        assert [t["name"] for t in job.config["tiers"]] == ["fresh", "local"]
+    resumed = [e for e in events_since(db, job_id, 0) if e["kind"] == "job_resumed"]
+    assert resumed[-1]["message"] == (
+        f"job resumed from step s0 on tier local; exit command `{check}` "
+        "(was `python -m pytest -q`); configuration from the defaults"
+    )
+    # The step is verified by the new command.
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    verify_step(db, settings, job_id, "s0", "w:2")
+    attempt = job_view(db, job_id)["steps"][0]["attempts"][-1]
+    assert (attempt["status"], attempt["exit_code"]) == ("passed", 0)
+    assert "answer is 42" in attempt["output_tail"]
+
+
+def test_resume_routes_a_step_whose_tier_the_new_configuration_lacks(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.config import MerlinConfig, Tier
+    from merlin_flow.control import cancel_job, resume_job
+    from merlin_flow.errors import InputError
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    cancel_job(db, settings, job_id)
+    other = MerlinConfig(tiers=[Tier(name="other", model=f"scripted/{tmp_path / 'script.yaml'}")])
+    with pytest.raises(InputError, match="--exit-command is empty"):
+        resume_job(db, settings, job_id, exit_command="  ", config=other)
+    assert job_view(db, job_id)["status"] == "cancelled"  # nothing changed
+    resume_job(db, settings, job_id, config=other)
+    assert job_view(db, job_id)["steps"][0]["tier"] == "other"
