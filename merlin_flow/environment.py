@@ -197,6 +197,7 @@ def ensure_environment(
     slug = re.sub(r"[^A-Za-z0-9._-]", "_", repo_name)[:40] or "repo"
     folder = settings.envs_dir / f"{slug}-{plan.key}"
     if (folder / MARKER_FILE).is_file():
+        (folder / MARKER_FILE).touch()  # its last use: `merlin prune` goes by it
         return BuiltEnvironment(folder, built=False)
     with _locked(folder):
         if (folder / MARKER_FILE).is_file():  # another worker built it while we waited

@@ -31,9 +31,10 @@ def _preload(**_: Any) -> None:
 
 
 @worker_ready.connect
-def _start_sweeper(**_: Any) -> None:
+def _start_sweeper(sender: Any = None, **_: Any) -> None:
     db, settings = runtime()
-    sweeper = Sweeper(db, settings)
+    queues = sorted(queue.name for queue in sender.task_consumer.queues) if sender else []
+    sweeper = Sweeper(db, settings, getattr(sender, "hostname", "worker"), queues)
     sweeper.start()
     _sweepers.append(sweeper)
 
@@ -42,6 +43,8 @@ def _start_sweeper(**_: Any) -> None:
 def _stop_sweepers(**_: Any) -> None:
     for sweeper in _sweepers:
         sweeper.stop()
+    for sweeper in _sweepers:
+        sweeper.join(timeout=5)  # it removes the worker's beat on its way out
 
 
 class EmbeddedWorker:
@@ -75,13 +78,14 @@ class EmbeddedWorker:
         )
         self._thread.start()
         db, settings = runtime()
-        self._sweeper = Sweeper(db, settings)
+        self._sweeper = Sweeper(db, settings, hostname, self.queues)
         self._sweeper.start()
 
     def stop(self) -> None:
         """Stop the sweeper and the worker (after its current task)."""
         if self._sweeper is not None:
             self._sweeper.stop()
+            self._sweeper.join(timeout=5)
             self._sweeper = None
         if self._worker is not None:
             self._worker.stop(in_sighandler=False)
@@ -99,6 +103,7 @@ class EmbeddedWorker:
         """
         if self._sweeper is not None:
             self._sweeper.stop()
+            self._sweeper.join(timeout=5)
             self._sweeper = None
         self._worker = self._thread = None
 

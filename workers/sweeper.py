@@ -1,4 +1,7 @@
-"""The recovery sweeper thread every worker runs, plus the embedded broker's purge."""
+"""The recovery sweeper thread every worker runs, plus the embedded broker's purge.
+
+The same thread writes the worker's beat (``merlin_flow.presence``) before each sweep.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import threading
 
 from sqlalchemy import create_engine, inspect, text
 
+from merlin_flow.presence import beat, leave
 from merlin_flow.recovery import sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
@@ -44,25 +48,32 @@ def run_sweep(db: Database, settings: Settings) -> list[str]:
 
 
 class Sweeper(threading.Thread):
-    """Runs ``run_sweep`` now and then every ``settings.sweep_interval`` seconds."""
+    """Beats for worker ``name`` and runs ``run_sweep``, now and every ``sweep_interval`` s."""
 
-    def __init__(self, db: Database, settings: Settings) -> None:
-        """Prepare the thread; call ``start()`` to run it."""
+    def __init__(self, db: Database, settings: Settings, name: str, queues: list[str]) -> None:
+        """Prepare the thread for the worker ``name`` consuming ``queues``; ``start()`` runs it."""
         super().__init__(name="merlin-sweeper", daemon=True)
         self._db = db
         self._settings = settings
+        self._worker = name
+        self._queues = queues
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        """Sweep until stopped; a failed sweep is logged and retried next interval."""
+        """Beat and sweep until stopped; a failure is logged and retried next interval."""
         while True:
             try:
+                beat(self._db, self._worker, self._queues)
                 run_sweep(self._db, self._settings)
             except Exception:
                 log.exception("recovery sweep failed")
             if self._stop_event.wait(self._settings.sweep_interval):
-                return
+                break
+        try:
+            leave(self._db, self._worker)
+        except Exception:
+            log.exception("could not remove the beat of %s", self._worker)
 
     def stop(self) -> None:
-        """Ask the thread to finish after the current sweep."""
+        """Ask the thread to finish after the current sweep (its beat is then removed)."""
         self._stop_event.set()

@@ -68,7 +68,7 @@ def run_embedded(
     worker.start()
     try:
         if until is None:
-            finish(db, job_id, as_json)
+            finish(db, job_id, as_json, workers_here=True)
             return None
         return until()
     except KeyboardInterrupt:
@@ -162,19 +162,45 @@ def stop_waiting_on_interrupt(job_id: str) -> Iterator[None]:
         raise typer.Exit(INTERRUPTED) from None
 
 
+def no_worker_notice(db: Database, job_id: str | None = None) -> str | None:
+    """What to say when no live worker serves merlin's queues (None for an ended job)."""
+    from merlin_flow.jobs import job_view
+    from merlin_flow.presence import no_worker_notice as notice
+    from merlin_flow.settings import get_settings
+    from workers.tasks import ALL_QUEUES
+
+    if job_id is not None and job_view(db, job_id)["finished_at"] is not None:
+        return None
+    return notice(db, get_settings(), tuple(ALL_QUEUES))
+
+
+def warn_if_no_worker(db: Database, job_id: str | None = None) -> None:
+    """Print ``no_worker_notice`` as a warning on stderr, if there is one."""
+    message = no_worker_notice(db, job_id)
+    if message:
+        err_console.print(f"[yellow]warning: {escape(message)}[/]", highlight=False)
+
+
 def finish(
     db: Database,
     job_id: str,
     as_json: bool,
     junit: Path | None = None,
     patch: Path | None = None,
+    workers_here: bool = False,
 ) -> None:
-    """Show the job until it ends, write the CI reports asked for; exit 1 unless completed."""
+    """Show the job until it ends, write the CI reports asked for; exit 1 unless completed.
+
+    Unless a worker runs in this process (``workers_here``), warn first when no worker
+    serves the queues.
+    """
     from merlin_flow.jobs import job_diff
     from merlin_flow.reports import junit_xml, write_atomically
     from merlin_flow.settings import get_settings
     from merlin_flow.store.status import JobStatus
 
+    if not workers_here:
+        warn_if_no_worker(db, job_id)
     view = follow(db, job_id, as_json)
     try:
         if junit is not None:

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from merlin_flow.cli.common import ConfigOption, JobArg, JsonOption, console, guarded, state
-from merlin_flow.cli.following import finish, stop_waiting_on_interrupt
+from merlin_flow.cli.following import finish, no_worker_notice, stop_waiting_on_interrupt
 from merlin_flow.errors import InputError
 
 
@@ -29,7 +29,10 @@ def status(
         if as_json:
             console.print_json(json.dumps(view))
             return
-        console.print(steps_table(view, plain=not console.is_terminal))
+        waiting = no_worker_notice(db, job_id)
+        console.print(steps_table(view, plain=not console.is_terminal, stalled=bool(waiting)))
+        if waiting:
+            console.print(f"[yellow]{escape(waiting)}[/]", highlight=False)
         console.print(f"branch: {view['branch']}")
         if view["error"]:
             console.print(f"[red]error:[/] {escape(view['error'])}")

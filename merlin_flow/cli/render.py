@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from merlin_flow.store.status import AttemptStatus, JobStatus, StepStatus
+from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES, AttemptStatus, JobStatus, StepStatus
 
 if TYPE_CHECKING:
     from merlin_flow.costs import CostsSince, JobCosts
@@ -62,7 +62,11 @@ ATTEMPT_STYLE: dict[str, str] = {
 }
 
 
-def _attempts_cell(attempts: list[AttemptView]) -> Text:
+STALLED_MARK = "waiting for a worker"
+"""An open attempt's mark when no worker is alive to work or verify it."""
+
+
+def _attempts_cell(attempts: list[AttemptView], stalled: bool = False) -> Text:
     text = Text()
     for index, attempt in enumerate(attempts):
         if index:
@@ -70,26 +74,29 @@ def _attempts_cell(attempts: list[AttemptView]) -> Text:
         status = attempt["status"]
         style = ATTEMPT_STYLE.get(status, "yellow")
         mark = ATTEMPT_MARK[status]
+        if stalled and status in OPEN_ATTEMPT_STATUSES:
+            mark = STALLED_MARK
         code = "" if attempt["exit_code"] is None else f" exit {attempt['exit_code']}"
         text.append(f"{attempt['kind']}@{attempt['tier']}{code} {mark}", style=style)
     return text
 
 
-def steps_table(view: JobView, plain: bool = False) -> RenderableType:
+def steps_table(view: JobView, plain: bool = False, stalled: bool = False) -> RenderableType:
     """The steps table, and the output of the exit commands that failed last.
 
     ``plain``: one line per step instead of a table, for CI logs and pipes.
+    ``stalled``: no worker is alive, so an open attempt is waiting, not working.
     """
-    steps = steps_lines(view) if plain else _steps_table(view)
+    steps = steps_lines(view, stalled) if plain else _steps_table(view, stalled)
     notes = failure_notes(view)
     return Group(steps, notes) if notes.plain else steps
 
 
-def steps_lines(view: JobView) -> Text:
+def steps_lines(view: JobView, stalled: bool = False) -> Text:
     """The steps table as plain lines: the job, then ``step · type · status · ...`` per step."""
     lines = [f"job {view['id']} · {view['title']} · {view['status']} · {money(view)}"]
     for step in view["steps"]:
-        attempts = _attempts_cell(step["attempts"]).plain or "no attempt yet"
+        attempts = _attempts_cell(step["attempts"], stalled).plain or "no attempt yet"
         lines.append(
             f"  {step['id']} · {step['step_type']} · {step['status']} · tier "
             f"{step['tier'] or '-'} · {_elapsed(step.get('started_at'), step.get('finished_at'))}"
@@ -120,7 +127,7 @@ def failure_notes(view: JobView) -> Text:
     return text
 
 
-def _steps_table(view: JobView) -> Table:
+def _steps_table(view: JobView, stalled: bool = False) -> Table:
     """One row per step: status, current tier, attempts with their tiers and exit codes."""
     status = view["status"]
     title = (
@@ -145,7 +152,7 @@ def _steps_table(view: JobView) -> Table:
             step["tier"] or "",
             str(len(step["attempts"])) if step["attempts"] else "-",
             _elapsed(step.get("started_at"), step.get("finished_at")),
-            _attempts_cell(step["attempts"]),
+            _attempts_cell(step["attempts"], stalled),
             step["exit_command"],
         )
     return table

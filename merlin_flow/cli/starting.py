@@ -39,6 +39,7 @@ from merlin_flow.cli.following import (
     run_embedded,
     show_diff,
     stop_waiting_on_interrupt,
+    warn_if_no_worker,
 )
 from merlin_flow.errors import InputError
 
@@ -102,7 +103,7 @@ def run(
             db,
             job_id,
             as_json,
-            until=lambda: finish(db, job_id, as_json, junit, patch),
+            until=lambda: finish(db, job_id, as_json, junit, patch, workers_here=True),
             on_interrupt=on_interrupt,
         )
 
@@ -145,6 +146,8 @@ def submit(
                 console.print_json(json.dumps({"job_id": job_id}))
         else:
             console.print(job_id)
+        if not wait:
+            warn_if_no_worker(db)
         if wait:
             with stop_waiting_on_interrupt(job_id):
                 finish(db, job_id, as_json, junit, patch)
@@ -199,6 +202,8 @@ def resume(
             console.print_json(json.dumps({"job_id": job_id, "step": step}))
         elif not as_json:
             console.print(f"job {job_id} resumed from step {escape(step)}")
+        if not wait:
+            warn_if_no_worker(db)
         if wait:
             with stop_waiting_on_interrupt(job_id):
                 finish(db, job_id, as_json)

@@ -1,7 +1,16 @@
 """merlin's state: the SQL models and the database that holds them."""
 
 from merlin_flow.store.database import Database, open_database, upgrade
-from merlin_flow.store.models import Attempt, Base, Event, Job, LlmCall, Step, utcnow
+from merlin_flow.store.models import (
+    Attempt,
+    Base,
+    Event,
+    Job,
+    LlmCall,
+    Step,
+    WorkerBeat,
+    utcnow,
+)
 from merlin_flow.store.status import (
     FINAL_JOB_STATUSES,
     FINISHED_STEP_STATUSES,
@@ -29,6 +38,7 @@ __all__ = [
     "Phase",
     "Step",
     "StepStatus",
+    "WorkerBeat",
     "open_database",
     "upgrade",
     "utcnow",

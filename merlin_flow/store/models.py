@@ -1,4 +1,4 @@
-"""SQLAlchemy models: jobs, steps, attempts, LLM calls and events.
+"""SQLAlchemy models: jobs, steps, attempts, LLM calls, events and worker beats.
 
 The database is the source of truth. Celery messages carry a job id and a step key and
 nothing else; a task starts by loading these rows. The schema is created and changed
@@ -193,3 +193,14 @@ class Event(Base):
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class WorkerBeat(Base):
+    """A worker that is alive: it writes ``last_seen`` at every recovery sweep."""
+
+    __tablename__ = "worker_beats"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queues: Mapped[str] = mapped_column(String(200))
+    started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

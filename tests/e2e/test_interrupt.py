@@ -117,6 +117,8 @@ def test_ctrl_c_in_submit_wait_stops_waiting_and_says_the_job_goes_on(
     )
     assert process.stdout is not None
     job_id = process.stdout.readline().strip()
+    assert process.stderr is not None
+    assert "no worker has served any of merlin's queues" in process.stderr.readline()
 
     code, _, err = _interrupt(process)
 

@@ -138,3 +138,15 @@ def test_plain_steps_are_one_whole_line_per_step_however_long() -> None:
     assert lines[1].endswith("exit command: " + long["steps"][0]["exit_command"])
     assert not any("│" in line or "…" in line for line in lines)
     assert "merlin logs job123 --step fix" in text
+
+
+def test_an_open_attempt_with_no_live_worker_reads_waiting_not_verifying() -> None:
+    committed = view("committed", None, "")
+    alive, stalled = Console(width=200, record=True), Console(width=200, record=True)
+    alive.print(steps_table(committed))
+    stalled.print(steps_table(committed, stalled=True))
+    assert "fix@local verifying…" in alive.export_text()
+    assert "fix@local waiting for a worker" in stalled.export_text()
+    plain = steps_table(view("passed", 0, ""), plain=True, stalled=True)
+    stalled.print(plain)
+    assert "fix@local exit 0 ✓" in stalled.export_text()  # a closed attempt keeps its mark
