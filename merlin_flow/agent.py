@@ -79,13 +79,16 @@ def run_agent(
     call_model: ModelCall = complete,
     sleep: Callable[[float], None] = time.sleep,
     transcript: list[dict[str, Any]] | None = None,
+    on_progress: Callable[[list[dict[str, Any]]], None] = lambda _messages: None,
 ) -> AgentResult:
     """Converse with ``tier``'s model until it stops calling tools.
 
     ``on_call(turn, completion, error)`` is told of every model call, retries included
     (the journal); ``check_alive()`` runs before each call and each tool call, and may
-    raise to stop the attempt. A transiently failing call is retried on the same tier as
-    ``limits`` says (``escalation.decide``). Raises AgentError when the model fails for
+    raise to stop the attempt. ``on_progress(messages)`` is given the conversation after
+    each reply (before its tools run) and after its tools ran: what a live view shows.
+    A transiently failing call is retried on the same tier as ``limits`` says
+    (``escalation.decide``). Raises AgentError when the model fails for
     good or the turn limit is reached, BudgetExceeded when the budget stops the job.
     """
     limits = limits or Limits()
@@ -94,6 +97,7 @@ def run_agent(
     for turn in range(limits.max_turns):
         reply = _call(tier, messages, turn, limits, on_call, check_alive, call_model, sleep)
         messages.append(reply.message)
+        on_progress(messages)
         if not reply.tool_calls:
             return AgentResult(summary=(reply.message.get("content") or "").strip(), turns=turn + 1)
         for call in reply.tool_calls:
@@ -101,6 +105,7 @@ def run_agent(
             function = call.get("function", {})
             output = toolbox.call(function.get("name", ""), function.get("arguments") or "{}")
             messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": output})
+        on_progress(messages)
     raise AgentError(f"turn limit reached: {limits.max_turns} model replies without finishing")
 
 

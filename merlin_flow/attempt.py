@@ -221,6 +221,12 @@ def _work_in_worktree(
         def on_call(turn: int, reply: Completion | None, error: BaseException | None) -> None:
             record_call(held.db, context, next(seqs), turn, reply, error)
 
+        def on_progress(messages: list[dict[str, Any]]) -> None:
+            # The conversation so far, for `merlin logs --follow` and `merlin watch`.
+            with held.db.session() as session:
+                attempt = session.get_one(Attempt, plan.attempt_id)
+                attempt.transcript = _for_the_record(messages)
+
         summary, error, turns = "", None, 0
         transcript: list[dict[str, Any]] = []
         try:
@@ -253,6 +259,7 @@ def _work_in_worktree(
                 limits=config.limits,
                 call_model=call_model,
                 transcript=transcript,
+                on_progress=on_progress,
             )
             summary, turns = result.summary, result.turns
             check_alive()

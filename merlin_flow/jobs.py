@@ -16,7 +16,16 @@ from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.git import diff
 from merlin_flow.repository import repository_of
 from merlin_flow.settings import Settings
-from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, StepStatus
+from merlin_flow.store import (
+    Attempt,
+    AttemptStatus,
+    Database,
+    Event,
+    Job,
+    LlmCall,
+    Step,
+    StepStatus,
+)
 
 
 class AttemptView(CostFields):
@@ -271,3 +280,28 @@ def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[Log
             for step in steps
             for attempt in step.attempts
         ]
+
+
+def last_tool_calls(db: Database, job_id: str) -> dict[str, str]:
+    """For each step whose agent is working now: its latest tool call, as one line."""
+    with db.reader() as session:
+        attempts = session.scalars(
+            select(Attempt)
+            .join(Step, Attempt.step_id == Step.id)
+            .where(Step.job_id == job_id, Attempt.status == AttemptStatus.RUNNING)
+        ).all()
+        calls = {}
+        for attempt in attempts:
+            line = tool_call_line(attempt.transcript or [])
+            if line:
+                calls[attempt.step.key] = line
+        return calls
+
+
+def tool_call_line(messages: list[dict[str, Any]]) -> str | None:
+    """The conversation's latest tool call: ``run_command {"command": "pytest -q"}``."""
+    for message in reversed(messages):
+        for call in reversed(message.get("tool_calls") or []):
+            function = call.get("function", {})
+            return f"{function.get('name')} {str(function.get('arguments', ''))[:200]}"
+    return None

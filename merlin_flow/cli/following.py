@@ -222,16 +222,56 @@ def follow(db: Database, job_id: str, quiet: bool) -> JobView:
     """Wait for the job to end, with live progress unless ``quiet``; its final view."""
     from merlin_flow.cli.render import follow as follow_live
     from merlin_flow.cli.render import steps_table
-    from merlin_flow.jobs import events_since, job_view
+    from merlin_flow.jobs import events_since, job_view, last_tool_calls
 
     if quiet:
         return _wait_quietly(db, job_id)
     view = follow_live(
-        console, lambda: job_view(db, job_id), lambda after: events_since(db, job_id, after)
+        console,
+        lambda: job_view(db, job_id),
+        lambda after: events_since(db, job_id, after),
+        load_tool_calls=lambda: last_tool_calls(db, job_id),
     )
     if not console.is_terminal:
         console.print(steps_table(view, plain=True))
     return view
+
+
+def follow_logs(db: Database, job_id: str, step_key: str | None, poll: float = 0.5) -> None:
+    """Print each attempt's conversation as it grows, until the job ends."""
+    import time
+
+    from merlin_flow.cli.render import attempt_footer, attempt_header, message_lines
+    from merlin_flow.jobs import job_logs, job_view
+    from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES
+
+    shown: dict[tuple[str, int], int] = {}  # messages printed, per (step, attempt)
+    closed: set[tuple[str, int]] = set()
+    while True:
+        ended = job_view(db, job_id)["finished_at"] is not None  # then the logs are final
+        for entry in job_logs(db, job_id, step_key):
+            key = (entry["step"], entry["number"])
+            messages = entry["transcript"]
+            if key not in shown:
+                console.print(attempt_header(entry))
+            elif len(messages) < shown[key]:  # its worker was lost; the attempt restarted
+                console.print(f"(attempt {entry['number']} restarted on another worker)")
+                shown[key] = 0
+            for message in messages[shown.get(key, 0) :]:
+                for line in message_lines(message):
+                    console.print(line)
+            shown[key] = len(messages)
+            if entry["status"] not in OPEN_ATTEMPT_STATUSES and key not in closed:
+                closed.add(key)
+                console.print(
+                    f"── attempt {entry['number']} of step {entry['step']}: {entry['status']}",
+                    highlight=False,
+                )
+                for line in attempt_footer(entry):
+                    console.print(line)
+        if ended:
+            return
+        time.sleep(poll)
 
 
 def show_diff(db: Database, job_id: str) -> None:

@@ -10,7 +10,12 @@ import typer
 from rich.markup import escape
 
 from merlin_flow.cli.common import ConfigOption, JobArg, JsonOption, console, guarded, state
-from merlin_flow.cli.following import finish, no_worker_notice, stop_waiting_on_interrupt
+from merlin_flow.cli.following import (
+    finish,
+    follow_logs,
+    no_worker_notice,
+    stop_waiting_on_interrupt,
+)
 from merlin_flow.errors import InputError
 
 
@@ -79,6 +84,12 @@ def watch(job_id: JobArg) -> None:
 def logs(
     job_id: JobArg,
     step: Annotated[str | None, typer.Option("--step", help="Only this step (its id).")] = None,
+    follow_: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Print the conversations as they happen, until the job ends."
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """The agent transcript and exit command output of every attempt of a job."""
@@ -88,6 +99,13 @@ def logs(
         from merlin_flow.jobs import job_logs
 
         _, db = state()
+        if follow_:
+            if as_json:
+                raise InputError("--follow prints as it goes; use it without --json")
+            job_logs(db, job_id, step)  # an unknown job or step is refused first
+            with stop_waiting_on_interrupt(job_id):
+                follow_logs(db, job_id, step)
+            return
         entries = job_logs(db, job_id, step)
         if as_json:
             console.print_json(json.dumps(entries))

@@ -193,11 +193,13 @@ def follow(
     load_view: Callable[[], JobView],
     load_events: Callable[[int], list[EventView]],
     poll: float = 0.3,
+    load_tool_calls: Callable[[], dict[str, str]] = dict,
 ) -> JobView:
     """Show progress until the job is finished; returns its final view.
 
-    On a terminal the steps table updates in place; elsewhere (CI logs, pipes) each
-    event is printed as a line as it happens.
+    On a terminal the steps table updates in place, with the latest events and each
+    working step's last tool call under it; elsewhere (CI logs, pipes) each event is
+    printed as a line as it happens.
     """
     last_event = 0
     view = load_view()
@@ -211,7 +213,9 @@ def follow(
                 if events:
                     last_event = events[-1]["id"]
                     recent.extend(events)
-                live.update(Group(steps_table(view), _events_text(list(recent))))
+                live.update(
+                    Group(steps_table(view), _tools(load_tool_calls()), _events_text(list(recent)))
+                )
             live.update(steps_table(view))
         return view
     while True:
@@ -222,6 +226,11 @@ def follow(
             return view
         time.sleep(poll)
         view = load_view()
+
+
+def _tools(calls: dict[str, str]) -> Text:
+    """``[slow] now: → run_command {"command": "pytest"}`` for each working step."""
+    return Text("\n".join(f"[{step}] now: → {call}" for step, call in calls.items()))
 
 
 def _event_line(event: EventView) -> str:
@@ -339,33 +348,50 @@ def replay_table(report: ReplayReport) -> Table:
 
 def attempt_log(entry: LogEntry) -> Group:
     """`merlin logs`: one attempt's conversation, then its exit command's output."""
+    parts: list[Any] = [attempt_header(entry)]
+    for message in entry["transcript"]:
+        parts.extend(message_lines(message))
+    parts.extend(attempt_footer(entry))
+    return Group(*parts)
+
+
+def attempt_header(entry: LogEntry) -> Text:
+    """``── step fix · attempt 2 · fix@local · failed, exit code 1``."""
     code = "" if entry["exit_code"] is None else f", exit code {entry['exit_code']}"
-    header = Text(
+    return Text(
         f"── step {entry['step']} · attempt {entry['number']} · {entry['kind']}@{entry['tier']}"
         f" · {entry['status']}{code}",
         style=f"bold {ATTEMPT_STYLE.get(entry['status'], '')}".strip(),
     )
-    parts: list[Any] = [header]
-    for message in entry["transcript"]:
-        role = message.get("role")
-        content = (message.get("content") or "").rstrip()
-        if role == "user":
-            parts.append(Text(f"user: {content}", style="cyan"))
-        elif role == "assistant":
-            if content:
-                parts.append(Text(f"assistant: {content}"))
-            for call in message.get("tool_calls") or []:
-                function = call.get("function", {})
-                arguments = str(function.get("arguments", ""))
-                parts.append(Text(f"→ {function.get('name')} {arguments[:300]}", style="yellow"))
-        elif role == "tool":
-            parts.append(Text(f"← {_clip(content, LOG_TOOL_LINES)}", style="dim"))
+
+
+def message_lines(message: dict[str, Any]) -> list[Text]:
+    """One message of a conversation: the user's brief, a reply and its tool calls, a result."""
+    role = message.get("role")
+    content = (message.get("content") or "").rstrip()
+    if role == "user":
+        return [Text(f"user: {content}", style="cyan")]
+    if role == "tool":
+        return [Text(f"← {_clip(content, LOG_TOOL_LINES)}", style="dim")]
+    if role != "assistant":
+        return []
+    lines = [Text(f"assistant: {content}")] if content else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {})
+        arguments = str(function.get("arguments", ""))
+        lines.append(Text(f"→ {function.get('name')} {arguments[:300]}", style="yellow"))
+    return lines
+
+
+def attempt_footer(entry: LogEntry) -> list[Text]:
+    """The attempt's error, and its exit command with the output's tail."""
+    lines = []
     if entry["error"]:
-        parts.append(Text(f"error: {entry['error']}", style="red"))
+        lines.append(Text(f"error: {entry['error']}", style="red"))
     if entry["exit_code"] is not None:
-        parts.append(Text(f"$ {entry['exit_command']}  (exit code {entry['exit_code']})"))
-        parts.append(Text((entry["output_tail"] or "").rstrip(), style="dim"))
-    return Group(*parts)
+        lines.append(Text(f"$ {entry['exit_command']}  (exit code {entry['exit_code']})"))
+        lines.append(Text((entry["output_tail"] or "").rstrip(), style="dim"))
+    return lines
 
 
 def _clip(text: str, lines: int) -> str:

@@ -369,3 +369,29 @@ def test_budget_errors_stop_without_retry(tmp_path: Path, workdir: Path) -> None
             sleep=slept.append,
         )
     assert slept == []
+
+
+def test_progress_is_reported_after_each_reply_and_after_its_tools(
+    tmp_path: Path, workdir: Path
+) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"turn": 0, "reply": {"tool_calls": [call("write_file", path="a.txt", content="x")]}},
+            {"reply": {"content": "done"}},
+        ],
+    )
+    snapshots: list[list[str]] = []
+
+    def on_progress(messages: list[dict[str, Any]]) -> None:
+        snapshots.append([str(m["role"]) for m in messages])
+        if len(snapshots) == 1:  # the tool call is known before the tool runs
+            assert not (workdir / "a.txt").exists()
+            assert messages[-1]["tool_calls"][0]["function"]["name"] == "write_file"
+
+    run_agent(tier, BRIEF, Toolbox(workdir), None, Calls(), on_progress=on_progress)
+    assert snapshots == [
+        ["system", "user", "assistant"],
+        ["system", "user", "assistant", "tool"],
+        ["system", "user", "assistant", "tool", "assistant"],
+    ]

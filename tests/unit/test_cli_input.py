@@ -242,7 +242,7 @@ def test_valid_submit_is_detected_by_the_same_checks(
     broker_before = broker_messages(merlin_home)
     result = CliRunner().invoke(app, ["submit", str(tasklist), "--repo", str(repo)])
     assert result.exit_code == 0, result.output
-    job_id = result.output.strip().splitlines()[-1]
+    job_id = result.stdout.strip()
     assert job_rows(merlin_home) == 1
     assert git(repo, "branch", "--list", "merlin/*").strip("* ") == f"merlin/{job_id}"
     assert new_broker_messages(merlin_home, broker_before) >= 1
