@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 from xml.etree import ElementTree
@@ -158,11 +159,36 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     assert f"error: {view['error']}" in lines
 
 
+def _normalized(text: str) -> list[str]:
+    """Lines with what changes from run to run (times, ids, hashes, paths) replaced."""
+    for pattern, stand_in in (
+        (r"^\d\d:\d\d:\d\d ", "HH:MM:SS "),
+        (r"\b[0-9a-f]{12}\b", "JOB"),
+        (r"committed [0-9a-f]{10}\b", "committed COMMIT"),
+        (r" in \d+\.\d+s\b", " in N.NNs"),
+        (r" · \d+s · ", " · Ns · "),
+        (r"(throwaway repository|patch): /\S+", r"\1: PATH"),
+    ):
+        text = re.sub(pattern, stand_in, text, flags=re.MULTILINE)
+    return text.splitlines()
+
+
 def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:
-    env = merlin_env(tmp_path / "home", COLUMNS="160")
+    env = merlin_env(tmp_path / "home")
     result = merlin(env, "demo", timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
+    # docs/quickstart.md shows this output, from a real run: it must stay true.
+    quickstart = (Path(__file__).parents[2] / "docs" / "quickstart.md").read_text()
+    samples = re.findall(
+        r"```text\n(throwaway repository.*?|job [0-9a-f]{12} · .*?)```", quickstart, re.S
+    )
+    assert len(samples) == 2
+    lines = _normalized(out)
+    for sample in samples:
+        expected = _normalized(sample)
+        start = lines.index(expected[0])
+        assert lines[start : start + len(expected)] == expected
     assert "scripted" in out.lower()
     assert "next: escalate on tier premium" in out
     assert "step fix passed on tier premium" in out
