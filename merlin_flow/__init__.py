@@ -46,6 +46,10 @@ _EXPORTS: dict[str, str] = {
     "cancel_job": "merlin_flow.control",
     "resume_job": "merlin_flow.control",
     "job_costs": "merlin_flow.costs",
+    "job_logs": "merlin_flow.jobs",
+    "prune": "merlin_flow.pruning",
+    "PruneReport": "merlin_flow.pruning",
+    "live_workers": "merlin_flow.presence",
     "JobRepository": "merlin_flow.repository",
     "repository_for_input": "merlin_flow.repository",
     # Where step commands run
