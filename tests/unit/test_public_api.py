@@ -23,7 +23,8 @@ PINNED_API = {
     "repository_for_input", "Sandbox", "SandboxMode", "Environment", "Confinement",
     "run_confined", "EnvironmentPlan", "plan_environment", "ensure_environment",
     "tier_access", "Redactor", "SandboxUnavailable", "NoModelAvailable", "SetupFailed",
-    "ModelUnreachable", "examine", "ModelFailure",
+    "ModelUnreachable", "examine", "ModelFailure", "job_logs", "prune", "PruneReport",
+    "live_workers",
 }  # fmt: skip
 
 
