@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -102,11 +103,15 @@ class ResourceLimits:
         return [prlimit, *options, "--", *argv]
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+"""Terminal colour and cursor codes: a project may force them (pytest --color=yes)."""
+
+
 def _tail(output: IO[bytes], chars: int) -> str:
     """The last ``chars`` characters of the output file, reading at most 4 bytes each."""
     size = output.seek(0, os.SEEK_END)
     output.seek(max(0, size - 4 * chars))
-    return output.read().decode("utf-8", errors="replace")[-chars:]
+    return ANSI_ESCAPE.sub("", output.read().decode("utf-8", errors="replace"))[-chars:]
 
 
 def _kill_group(pgid: int) -> None:

@@ -155,3 +155,10 @@ def test_tool_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "PYTHONPATH" not in env
     assert os.environ["PYTHONPATH"] == "/somewhere"  # the worker's own environment is intact
     assert tool_environment()["PATH"] == "/usr/bin:/bin"
+
+
+def test_colour_codes_a_project_forces_are_left_out_of_the_output(tmp_path: Path) -> None:
+    # pytest --color=yes (humanize sets it in its pyproject.toml) prints these.
+    script = r"printf '\033[33m\033[1mno tests ran\033[0m in 0.01s\n\033[2K\033[?25hok\n'"
+    result = run_command(["sh", "-c", script], cwd=tmp_path, timeout=10)
+    assert result.output_tail == "no tests ran in 0.01s\nok\n"
