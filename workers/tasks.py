@@ -4,15 +4,22 @@ Messages carry a job id and a step key only; each task loads its rows and does w
 database says is left (``merlin_flow.attempt``, ``merlin_flow.verdict``,
 ``merlin_flow.lifecycle``). Which queue a task goes to is stated once, in ``QUEUES``,
 and applied by the app's ``task_routes`` (``workers.app``).
+
+Each message is labelled and each task ends with a readable result, for Flower
+(``workers.results``). A failed verification that plans another attempt publishes
+``step | verify`` with the rest of its chain behind, then ends in FAILURE naming what
+follows; Celery's ``Task.replace`` is not used, since it would give the new verify the
+old one's task id and Flower would show both as one task.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
-from celery import shared_task
+from celery import chain, shared_task, signature
 from celery.exceptions import Ignore
 from sqlalchemy.exc import DBAPIError
 
@@ -21,8 +28,20 @@ from merlin_flow.errors import RemoteUnavailable
 from merlin_flow.leases import new_token
 from merlin_flow.lifecycle import Outcome, fail_job, finalize_job
 from merlin_flow.settings import Settings, get_settings
-from merlin_flow.store import Database, open_database
+from merlin_flow.store import (
+    Database,
+    open_database,
+)
 from merlin_flow.verdict import verify_step
+from workers.results import (
+    StepFailed,
+    StepState,
+    TaskResult,
+    read_steps,
+    step_result,
+    task_label,
+    verify_result,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +68,8 @@ def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
 
     A database error is taken as passing (a failover, a lock timeout), and so is a git
     remote that does not answer: the task fails, our lease expires and the recovery sweep
-    runs the step again. Any other error fails
-    the job, if this task still holds the step; a task that lost it just stops.
+    runs the step again. Any other error fails the job, if this task still holds the
+    step, and raises Ignore; a task that lost the step just stops (Ignore too).
     """
     db, settings = runtime()
     token = new_token()
@@ -67,28 +86,115 @@ def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
         raise Ignore() from None
 
 
-@shared_task(bind=True, name=STEP_TASK)
+def _run(job_id: str, step_key: str, work: Any) -> Outcome:
+    """``_guard``, with its Ignore (an unexpected error, logged) as STOP: the result says why."""
+    try:
+        return _guard(job_id, step_key, work)
+    except Ignore:
+        return Outcome.STOP
+
+
+# Labels and signatures: what Flower shows as a message's args.
+
+
+def step_signature(
+    job_id: str, step_key: str, attempt: int | None = None, tier: str | None = None
+) -> Any:
+    """Signature of the step task (immutable: results are not passed along)."""
+    label = task_label(job_id, step_key, attempt, tier)
+    return step_task.si(job_id, step_key).set(argsrepr=label)
+
+
+def verify_signature(
+    job_id: str, step_key: str, attempt: int | None = None, tier: str | None = None
+) -> Any:
+    """Signature of the verify task."""
+    label = task_label(job_id, step_key, attempt, tier)
+    return verify_task.si(job_id, step_key).set(argsrepr=label)
+
+
+def finalize_signature(job_id: str) -> Any:
+    """Signature of the finalize task."""
+    return finalize_task.si(job_id).set(argsrepr=task_label(job_id))
+
+
+# The tasks.
+
+
+def _read_step(job_id: str, step_key: str) -> StepState | None:
+    """The step's state for the task's result; None if there is none or it cannot be read.
+
+    Only what the task shows depends on it: the work and the chain go on all the same.
+    """
+    try:
+        db, _ = runtime()
+        return read_steps(db, job_id).get(step_key)
+    except Exception:
+        log.warning("job %s: step %s not readable for the task's result", job_id, step_key)
+        return None
+
+
+def _end(task: Any, result: TaskResult, *, last: bool) -> str:
+    """End the task with ``result``; with ``last``, the rest of the chain does not follow."""
+    if last:
+        task.request.chain = None
+    if result.failed:
+        raise StepFailed(result.text)
+    return result.text
+
+
+def _queue_next_attempt(task: Any, job_id: str, step_key: str, after: StepState | None) -> None:
+    """Publish the step's next attempt and its verify, with the rest of the chain behind.
+
+    The rest of this task's chain (the next steps, finalize) follows the new verify and no
+    longer this task, which can then end in FAILURE without stopping the job.
+    """
+    attempt, tier = (after.next_number, after.next_tier) if after else (None, None)
+    rest = [signature(queued, app=task.app) for queued in reversed(task.request.chain or [])]
+    retry = chain(
+        step_signature(job_id, step_key, attempt, tier),
+        verify_signature(job_id, step_key, attempt, tier),
+        *rest,
+    )
+    task.request.chain = None
+    retry.apply_async()
+
+
+def _attempt_work(job_id: str, step_key: str) -> Callable[[Database, Settings, str], Outcome]:
+    return lambda db, settings, token: execute_step(db, settings, job_id, step_key, token)
+
+
+def _verify_work(job_id: str, step_key: str) -> Callable[[Database, Settings, str], Outcome]:
+    return lambda db, settings, token: verify_step(db, settings, job_id, step_key, token)
+
+
+@shared_task(bind=True, name=STEP_TASK, throws=(StepFailed,))
 def step_task(self: Any, job_id: str, step_key: str) -> str:
     """Make the step's next attempt (agent loop + commit)."""
-    outcome = _guard(job_id, step_key, lambda db, s, t: execute_step(db, s, job_id, step_key, t))
-    if outcome is Outcome.STOP:
-        raise Ignore()
-    return outcome.value
+    before = _read_step(job_id, step_key)
+    outcome = _run(job_id, step_key, _attempt_work(job_id, step_key))
+    result = step_result(step_key, before, _read_step(job_id, step_key), outcome)
+    return _end(self, result, last=outcome is not Outcome.CONTINUE)
 
 
-@shared_task(bind=True, name=VERIFY_TASK)
+@shared_task(bind=True, name=VERIFY_TASK, throws=(StepFailed,))
 def verify_task(self: Any, job_id: str, step_key: str) -> str:
-    """Verify the step's last attempt; on failure, replace itself with a new attempt."""
-    outcome = _guard(job_id, step_key, lambda db, s, t: verify_step(db, s, job_id, step_key, t))
+    """Verify the step's last attempt; on failure, queue the next attempt, or end the job.
+
+    A failed verification ends this task in FAILURE, its text naming what follows.
+    """
+    before = _read_step(job_id, step_key)
+    outcome = _run(job_id, step_key, _verify_work(job_id, step_key))
+    after = _read_step(job_id, step_key)
+    result = verify_result(step_key, before, after, outcome)
     if outcome is Outcome.RETRY:
-        raise self.replace(step_task.si(job_id, step_key) | verify_task.si(job_id, step_key))
-    if outcome is Outcome.STOP:
-        raise Ignore()
-    return outcome.value
+        _queue_next_attempt(self, job_id, step_key, after)
+    return _end(self, result, last=outcome is not Outcome.CONTINUE)
 
 
 @shared_task(name=FINALIZE_TASK)
-def finalize_task(job_id: str) -> str | None:
+def finalize_task(job_id: str) -> str:
     """Close the job: final status and patch file."""
     db, settings = runtime()
-    return finalize_job(db, settings, job_id)
+    status = finalize_job(db, settings, job_id)
+    return f"job {status}" if status else f"nothing to do: no job {job_id}"

@@ -57,7 +57,7 @@ def worker(
         "worker",
         f"--queues={queues}",
         f"--loglevel={loglevel}",
-        f"--hostname=merlin-{uuid.uuid4().hex[:6]}@%h",
+        f"--hostname={worker_name(queues, uuid.uuid4().hex[:6])}",
         f"--pool={pool}",
     ]
     if pool not in ("prefork", "threads", "solo"):
@@ -66,6 +66,13 @@ def worker(
     if concurrency:
         argv.append(f"--concurrency={concurrency}")
     celery_app.worker_main(argv)
+
+
+def worker_name(queues: str, suffix: str) -> str:
+    """``merlin-llm-3f2c9a@%h``: the role (its queues, or ``all``) shows in Flower and logs."""
+    names = sorted({q.strip() for q in queues.split(",") if q.strip()})
+    role = "all" if names == ["control", "llm", "verify"] else "-".join(names) or "none"
+    return f"merlin-{role}-{suffix}@%h"
 
 
 def flower(
@@ -81,12 +88,21 @@ def flower(
             help="user:password for the UI and the HTTP API (env MERLIN_FLOWER_BASIC_AUTH).",
         ),
     ] = None,
+    columns: Annotated[
+        str,
+        typer.Option(
+            "--columns",
+            help="Columns of Flower's tasks page, in order (Flower's --tasks_columns).",
+        ),
+    ] = "name,args,state,result,exception,received,runtime,worker,uuid",
 ) -> None:
     """Run Flower on merlin's Celery app (needs the Redis broker).
 
     Without --basic-auth, Flower's HTTP API stays closed (unless FLOWER_UNAUTHENTICATED_API
     is set) and the UI binds to 127.0.0.1 only. Flower keeps tasks in memory; job history
-    is merlin's store (`merlin list`, `merlin status`).
+    is merlin's store (`merlin list`, `merlin status`). The tasks page opens on the
+    columns that tell a job's tasks apart: args (job, step, attempt, tier), state, and
+    the result, or for a failed step the exception (what failed and what follows).
     """
     from merlin_flow.settings import get_settings
 
@@ -100,7 +116,7 @@ def flower(
         raise usage_error("--basic-auth must be user:password")
     from workers.app import app as celery_app
 
-    argv = ["flower", f"--port={port}", f"--address={address}"]
+    argv = ["flower", f"--port={port}", f"--address={address}", f"--tasks_columns={columns}"]
     if basic_auth:
         argv.append(f"--basic-auth={basic_auth}")
     celery_app.start(argv)

@@ -65,3 +65,17 @@ def test_the_command_list_gives_each_first_sentence_whole() -> None:
     assert "Continue a failed or cancelled job from its first unverified step, on the workers." in (
         joined
     )
+
+
+@pytest.mark.parametrize(
+    ("queues", "name"),
+    [
+        ("control,llm,verify", "merlin-all-abc123@%h"),
+        ("verify", "merlin-verify-abc123@%h"),
+        ("llm, control", "merlin-control-llm-abc123@%h"),
+    ],
+)
+def test_a_worker_is_named_for_its_role(queues: str, name: str) -> None:
+    from merlin_flow.cli.operations import worker_name
+
+    assert worker_name(queues, "abc123") == name
