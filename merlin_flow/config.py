@@ -206,6 +206,20 @@ class Environment(BaseModel):
     """Seconds the whole setup may take before it fails."""
 
 
+class Planning(BaseModel):
+    """How a request in plain words is planned (`[planning]`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    tier: str | None = None
+    """The tier whose model plans; the first tier when unset."""
+    max_steps: int = Field(default=8, ge=1, le=50)
+    """The most steps a plan may have; a longer one is sent back once, then replaced."""
+    context_tokens: int = Field(default=6000, ge=500)
+    """The most the repository's context (attached files, README, file tree) may take of
+    the planner's prompt, in tokens (4 characters each)."""
+
+
 class MerlinConfig(BaseModel):
     """Everything a job needs to know about models, exit commands and limits."""
 
@@ -230,6 +244,8 @@ class MerlinConfig(BaseModel):
     """How the project's environment is built (`[environment]`)."""
     sandbox: Sandbox = Field(default_factory=Sandbox)
     """How step commands are confined (`[sandbox]`)."""
+    planning: Planning = Field(default_factory=Planning)
+    """How a request in plain words becomes a plan (`[planning]`)."""
     source: str | None = None
     """The file the configuration was read from (set by the loader)."""
 
@@ -245,10 +261,20 @@ class MerlinConfig(BaseModel):
                 raise ValueError(
                     f"routing.{level} names unknown tier {name!r}; tiers: {', '.join(names)}"
                 )
+        if self.planning.tier is not None and self.planning.tier not in names:
+            raise ValueError(
+                f"planning.tier names unknown tier {self.planning.tier!r}; "
+                f"tiers: {', '.join(names)}"
+            )
         unserved = [t.value for t in StepType if not any(tier.serves(t) for tier in self.tiers)]
         if unserved:
             raise ValueError(f"no tier takes step type(s) {', '.join(unserved)} (tiers.step_types)")
         return self
+
+    def planning_tier(self) -> Tier:
+        """The tier that plans: ``[planning] tier``, else the first."""
+        name = self.planning.tier
+        return self.tiers[self.tier_index(name)] if name is not None else self.tiers[0]
 
     def next_tier(self, index: int, step_type: StepType) -> int | None:
         """The first tier above ``index`` that takes ``step_type``; None when none does."""

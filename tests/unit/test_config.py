@@ -198,3 +198,15 @@ def test_a_repositorys_own_merlin_toml_may_not_loosen_the_sandbox(tmp_path: Path
     chosen = tmp_path / "mine.toml"
     chosen.write_text('[sandbox]\nmode = "none"\n')
     assert load_config(repo, chosen).sandbox.mode is SandboxMode.NONE
+
+
+def test_the_planning_tier_is_named_or_the_first() -> None:
+    from merlin_flow.config import MerlinConfig
+
+    tiers = [{"name": "local", "model": "ollama/x"}, {"name": "premium", "model": "openai/y"}]
+    assert MerlinConfig.model_validate({"tiers": tiers}).planning_tier().name == "local"
+    chosen = MerlinConfig.model_validate({"tiers": tiers, "planning": {"tier": "premium"}})
+    assert chosen.planning_tier().name == "premium"
+    assert chosen.planning.max_steps == 8
+    with pytest.raises(ValueError, match=r"planning\.tier names unknown tier 'gold'"):
+        MerlinConfig.model_validate({"tiers": tiers, "planning": {"tier": "gold"}})

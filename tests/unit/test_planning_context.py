@@ -1,0 +1,50 @@
+"""What the planner is shown of a repository, read from a real git commit, within budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from merlin_flow.errors import InputError
+from merlin_flow.planning_context import read_context
+from tests.conftest import git, make_repo
+
+
+def big_repo(path: Path, files: int) -> tuple[Path, str]:
+    contents = {f"src/pkg/module_{n:04d}.py": f"VALUE = {n}\n" for n in range(files)}
+    contents["node_modules/lib/index.js"] = "x\n"
+    contents["README.md"] = "# sample\n\n" + "A long readme line.\n" * 400
+    contents["src/pkg/core.py"] = "def core():\n    return 1\n" * 1000
+    repo = make_repo(path, contents)
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def test_the_context_of_2000_files_stays_within_its_budget(tmp_path: Path) -> None:
+    repo, head = big_repo(tmp_path / "repo", 2000)
+    context = read_context(repo, head, ("src/pkg/core.py",), budget_tokens=6000)
+    assert context.tree_total == 2003
+    assert 0 < len(context.tree) < 2003
+    assert context.tokens <= 6000
+    text = context.text()
+    assert f"... and {2003 - len(context.tree)} more files" in text
+    assert text.startswith("--- @src/pkg/core.py ---\ndef core():")
+    assert "[... cut:" in context.files["src/pkg/core.py"]  # 26,000 characters: over its 18,000
+    assert context.readme is not None
+    assert context.readme[0] == "README.md"
+    assert "node_modules/lib/index.js" not in context.tree  # vendored files come last
+
+
+def test_a_small_repository_is_shown_whole(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"app.py": "x = 1\n", "README": "hello\n"})
+    context = read_context(repo, git(repo, "rev-parse", "HEAD"), (), budget_tokens=1000)
+    assert context.tree == ("README", "app.py")
+    assert context.readme == ("README", "hello\n")
+    assert "more files" not in context.text()
+
+
+def test_an_attached_file_the_commit_lacks_is_an_input_error_naming_it(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", {"app.py": "x = 1\n"})
+    (repo / "new.py").write_text("uncommitted\n")
+    with pytest.raises(InputError, match=r"names @new\.py, @gone\.py, which are not in"):
+        read_context(repo, git(repo, "rev-parse", "HEAD"), ("new.py", "gone.py"), 1000)
