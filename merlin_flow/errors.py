@@ -17,7 +17,8 @@ The tree is shallow and split by who must act::
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
     │   ├── AgentError           the agent could not finish (turn limit, model error)
     │   │   └── ModelUnreachable the tier's model cannot be used (no key, no server)
-    │   └── ReplayDiverged       a replay asked for a call the original job never made
+    │   ├── ReplayDiverged       a replay asked for a call the original job never made
+    │   └── PlanUnreadable       a planner's answer holds no plan in a format merlin reads
     ├── BudgetExceeded           control flow: the job's budget is spent; the job stops
     ├── JobCancelled             control flow: `merlin cancel`; the running step stops
     └── LeaseLost                control flow: another worker owns the step now
@@ -102,6 +103,10 @@ class ModelUnreachable(AgentError):
 
 class ReplayDiverged(StepFailure):
     """A replay asked for a model call the original job never made."""
+
+
+class PlanUnreadable(StepFailure):
+    """A planner's answer holds no plan merlin can read (expected input: repair, fallback)."""
 
 
 class BudgetExceeded(MerlinError):

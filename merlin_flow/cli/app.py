@@ -13,7 +13,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from merlin_flow import __version__
-from merlin_flow.cli import inspecting, operations, pruning, starting
+from merlin_flow.cli import inspecting, operations, planning, pruning, starting
 from merlin_flow.cli.common import console, err_console
 
 # Plain help, as git and pip print it: `--json` with no `<bool>` after it, paragraphs
@@ -88,6 +88,7 @@ def _options(
 
 # In the order `merlin --help` lists them.
 for command, name in (
+    (planning.plan, None),
     (starting.run, None),
     (starting.submit, None),
     (operations.worker, None),

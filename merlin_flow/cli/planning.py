@@ -1,0 +1,144 @@
+"""``merlin plan``: a request in plain words, planned and shown, or written as a TaskList."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+
+from merlin_flow.cli.common import (
+    ConfigOption,
+    JsonOption,
+    RepoOption,
+    check_report_paths,
+    console,
+    guarded,
+)
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from merlin_flow.config import MerlinConfig
+    from merlin_flow.planner import Plan
+    from merlin_flow.tasklist import TaskList
+
+
+def plan(
+    request: Annotated[str, typer.Argument(help="What to do, in plain words.", metavar="REQUEST")],
+    repo: RepoOption = ".",
+    config: ConfigOption = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write the plan here as a TaskList YAML to edit and submit."),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Plan a request and show the plan: steps, types, estimated tokens and cost.
+
+    A question or a single action is not sent to the planner (see docs/concepts.md);
+    anything else is planned by the tier `[planning] tier` names, and shown as a table.
+    """
+
+    def work() -> None:
+        import yaml
+
+        from merlin_flow.config import load_config
+        from merlin_flow.errors import InputError
+        from merlin_flow.plan_reading import to_tasklist
+        from merlin_flow.planner import make_plan, plan_json
+        from merlin_flow.planning_context import read_context
+        from merlin_flow.reports import write_atomically
+        from merlin_flow.repository import refusals_as_input_errors, repository_for_input
+        from merlin_flow.settings import get_settings
+
+        if not request.strip():
+            raise InputError("the request is empty: say what to do")
+        check_report_paths(out)
+        repository = repository_for_input(repo, get_settings())
+        with refusals_as_input_errors(repository):
+            base = repository.base_commit()
+        with repository.files_at(base) as files:
+            merlin_config = load_config(files, config)
+        made = make_plan(
+            request,
+            merlin_config,
+            lambda kind: read_context(
+                repository.path, base, kind.files, merlin_config.planning.context_tokens
+            ),
+        )
+        tasklist = to_tasklist(request, made.steps) if made.steps else None
+        if out is not None:
+            if tasklist is None:
+                raise InputError("a question has no plan to write: ask it with `merlin run`")
+            data = tasklist.model_dump(
+                mode="json", exclude={"id"}, exclude_none=True, exclude_defaults=True
+            )
+            write_atomically(out, yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+        if as_json:
+            dumped = tasklist.model_dump(mode="json") if tasklist is not None else {}
+            console.print_json(json.dumps(plan_json(made, dumped)))
+            return
+        console.print(plan_table(made, merlin_config, tasklist))
+        if out is not None:
+            console.print(f"written to {escape(str(out))}: edit it, then `merlin submit {out}`")
+
+    guarded(work)
+
+
+def plan_table(made: Plan, config: MerlinConfig, tasklist: TaskList | None) -> RenderableType:
+    """The preview: how the plan was made, then a row per step with its estimates."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from merlin_flow.requests import RequestKind
+    from merlin_flow.routing import start_tier
+
+    kind = made.classification
+    if kind.kind is RequestKind.QUESTION or tasklist is None:
+        return Text(f"a question ({kind.reason}): it is answered, not planned")
+    if made.fallback:
+        how = Text(
+            "FALLBACK: the planner's answer could not be used, so the plan is one step "
+            "carrying the whole request. Problems: " + "; ".join(made.problems),
+            style="yellow",
+        )
+    elif made.planned:
+        paid = "unknown cost" if made.cost_usd is None else f"${made.cost_usd:.4f}"
+        how = Text(
+            f"planned by tier {config.planning_tier().name} in {made.seconds:.1f} s "
+            f"({made.prompt_tokens} tokens in, {made.completion_tokens} out, {paid}); "
+            f"{kind.reason}, {kind.complexity.value}"
+        )
+    else:
+        how = Text(f"one step, not sent to the planner: a single action ({kind.reason})")
+    table = Table(title=f"plan: {tasklist.title}", title_justify="left")
+    for column in ("step", "type", "title", "depends on", "est. tokens", "est. cost (tier)"):
+        table.add_column(column, overflow="fold")
+    by_id = {step.id: step for step in made.steps}
+    total_tokens, total_cost, unknown = 0, 0.0, False
+    for task in tasklist.steps:
+        planned = by_id.get(task.id)
+        tokens = planned.estimated_tokens if planned else None
+        tier = config.tiers[start_tier(task, config)[0]]
+        cost = None if tokens is None or tier.price_in is None else tokens * tier.price_in / 1e6
+        total_tokens += tokens or 0
+        total_cost += cost or 0.0
+        unknown = unknown or cost is None
+        table.add_row(
+            task.id,
+            task.step_type.value,
+            planned.title if planned else task.description.splitlines()[0],
+            ", ".join(task.depends_on) or "-",
+            "?" if tokens is None else str(tokens),
+            ("?" if cost is None else f"${cost:.4f}") + f" ({tier.name})",
+        )
+    floor = "≥" if unknown and total_cost else ""
+    table.add_row(
+        "total", "", "", "", str(total_tokens),
+        "?" if unknown and not total_cost else f"{floor}${total_cost:.4f}", style="bold",
+    )  # fmt: skip
+    return Group(how, table)
