@@ -52,6 +52,11 @@ _EXPORTS: dict[str, str] = {
     "live_workers": "merlin_flow.presence",
     "JobRepository": "merlin_flow.repository",
     "repository_for_input": "merlin_flow.repository",
+    # Requests and plans
+    "RequestKind": "merlin_flow.requests",
+    "make_plan": "merlin_flow.planner",
+    "Plan": "merlin_flow.planner",
+    "load_specs": "merlin_flow.specs",
     # Where step commands run
     "Confinement": "merlin_flow.sandbox",
     "run_confined": "merlin_flow.sandbox",
@@ -102,6 +107,7 @@ _EXPORTS: dict[str, str] = {
     "NoModelAvailable": "merlin_flow.errors",
     "SetupFailed": "merlin_flow.errors",
     "ModelUnreachable": "merlin_flow.errors",
+    "PlanUnreadable": "merlin_flow.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -220,6 +220,17 @@ class Planning(BaseModel):
     the planner's prompt, in tokens (4 characters each)."""
 
 
+class Specs(BaseModel):
+    """Where the project's specs are and how many go with a request (`[specs]`)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    paths: list[str] = Field(default_factory=lambda: ["specs"])
+    """Folders (or files) of Markdown specs, relative to the repository's root."""
+    top: int = Field(default=3, ge=1, le=20)
+    """How many of the best-scoring specs go with a request."""
+
+
 class MerlinConfig(BaseModel):
     """Everything a job needs to know about models, exit commands and limits."""
 
@@ -246,6 +257,8 @@ class MerlinConfig(BaseModel):
     """How step commands are confined (`[sandbox]`)."""
     planning: Planning = Field(default_factory=Planning)
     """How a request in plain words becomes a plan (`[planning]`)."""
+    specs: Specs = Field(default_factory=Specs)
+    """The project's specs (`[specs]`)."""
     source: str | None = None
     """The file the configuration was read from (set by the loader)."""
 

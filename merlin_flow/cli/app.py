@@ -108,6 +108,16 @@ for command, name in (
     app.command(name, cls=Command)(command)
 db_app.command("upgrade", cls=Command)(operations.db_upgrade)
 app.add_typer(db_app, name="db")
+specs_app = typer.Typer(
+    cls=Group,
+    help="The project's specs: Markdown files under [specs] paths, scored for a request.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings=HELP,
+)
+specs_app.command("list", cls=Command)(planning.specs_list)
+specs_app.command("show", cls=Command)(planning.specs_show)
+app.add_typer(specs_app, name="specs")
 
 
 def main() -> None:

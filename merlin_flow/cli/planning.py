@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -142,3 +142,85 @@ def plan_table(made: Plan, config: MerlinConfig, tasklist: TaskList | None) -> R
         "?" if unknown and not total_cost else f"{floor}${total_cost:.4f}", style="bold",
     )  # fmt: skip
     return Group(how, table)
+
+
+def _project_specs(repo: str, config: Path | None) -> tuple[list[Any], Any]:
+    """The specs at the repository's HEAD, and its configuration."""
+    from merlin_flow.config import load_config
+    from merlin_flow.repository import refusals_as_input_errors, repository_for_input
+    from merlin_flow.settings import get_settings
+    from merlin_flow.specs import load_specs
+
+    repository = repository_for_input(repo, get_settings())
+    with refusals_as_input_errors(repository):
+        base = repository.base_commit()
+    with repository.files_at(base) as files:
+        merlin_config = load_config(files, config)
+    return load_specs(repository.path, base, merlin_config.specs.paths), merlin_config
+
+
+def specs_list(
+    for_: Annotated[
+        str | None,
+        typer.Option("--for", help="Score each spec against this request.", metavar="REQUEST"),
+    ] = None,
+    repo: RepoOption = ".",
+    config: ConfigOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the specs; with --for, by score, best first, the ones a plan would get marked."""
+
+    def work() -> None:
+        from rich.table import Table
+
+        from merlin_flow.specs import ranked
+
+        specs, merlin_config = _project_specs(repo, config)
+        rows = ranked(for_, specs) if for_ else [(spec, 0.0) for spec in specs]
+        chosen = {spec.path for spec, score in rows[: merlin_config.specs.top] if score > 0}
+        if as_json:
+            listing = [
+                {"path": s.path, "title": s.title, "score": round(score, 4) if for_ else None,
+                 "chosen": s.path in chosen, "constraints": sorted(s.constraints())}
+                for s, score in rows
+            ]  # fmt: skip
+            console.print_json(json.dumps(listing))
+            return
+        if not specs:
+            paths = ", ".join(merlin_config.specs.paths)
+            console.print(f"no specs: no *.md file under {escape(paths)} at HEAD")
+            return
+        table = Table(title=f"specs for: {for_}" if for_ else "specs", title_justify="left")
+        for column in ("path", "title", "constraints", *(("score", "chosen") if for_ else ())):
+            table.add_column(column, overflow="fold")
+        for spec, score in rows:
+            extra = (f"{score:.2f}", "yes" if spec.path in chosen else "") if for_ else ()
+            table.add_row(spec.path, spec.title, ", ".join(spec.constraints()) or "-", *extra)
+        console.print(table)
+
+    guarded(work)
+
+
+def specs_show(
+    path: Annotated[str, typer.Argument(help="The spec's path, as `specs list` shows it.")],
+    repo: RepoOption = ".",
+    config: ConfigOption = None,
+) -> None:
+    """Show a spec's constraint sections (Purpose, Invariants, Public API, Error Cases)."""
+
+    def work() -> None:
+        from merlin_flow.errors import InputError
+
+        specs, _ = _project_specs(repo, config)
+        spec = next((s for s in specs if s.path == path), None)
+        if spec is None:
+            known = ", ".join(s.path for s in specs) or "none"
+            raise InputError(f"no spec {path!r}; the specs: {known}")
+        console.print(f"{spec.path}: {spec.title}", markup=False, highlight=False)
+        constraints = spec.constraints()
+        if not constraints:
+            console.print("no constraint sections (Purpose, Invariants, Public API, Error Cases)")
+        for heading, body in constraints.items():
+            console.print(f"\n## {heading}\n{body}", markup=False, highlight=False)
+
+    guarded(work)

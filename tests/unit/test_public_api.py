@@ -24,7 +24,8 @@ PINNED_API = {
     "run_confined", "EnvironmentPlan", "plan_environment", "ensure_environment",
     "tier_access", "Redactor", "SandboxUnavailable", "NoModelAvailable", "SetupFailed",
     "ModelUnreachable", "examine", "ModelFailure", "job_logs", "prune", "PruneReport",
-    "live_workers",
+    "live_workers", "RequestKind", "make_plan", "Plan", "load_specs",
+    "PlanUnreadable",
 }  # fmt: skip
 
 
