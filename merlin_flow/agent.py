@@ -18,7 +18,7 @@ from merlin_flow.errors import AgentError, BudgetExceeded, ModelUnreachable
 from merlin_flow.escalation import MODEL_UNREACHABLE, Action, Failure, FailureKind, decide
 from merlin_flow.llm import Completion, ModelCall, complete
 from merlin_flow.model_errors import ModelFailure, examine, retry_after
-from merlin_flow.tools import TOOL_SCHEMAS, Toolbox
+from merlin_flow.tools import Toolbox
 
 SYSTEM_PROMPT = """\
 You are merlin, an autonomous coding agent working on a project's files.
@@ -41,6 +41,8 @@ class StepBrief:
     description: str
     verification: str
     exit_command: str
+    constraints: str = ""
+    """The relevant specs' constraint sections (``spec_check.with_spec_constraints``)."""
 
 
 def first_messages(brief: StepBrief, feedback: str | None) -> list[dict[str, Any]]:
@@ -50,6 +52,8 @@ def first_messages(brief: StepBrief, feedback: str | None) -> list[dict[str, Any
         f"Done when: {brief.verification}" if brief.verification else "",
         f"Exit command that must succeed: {brief.exit_command}",
     ]
+    if brief.constraints:
+        lines += ["", "Constraints from the project's specs:", brief.constraints]
     if feedback:
         lines += ["", "Earlier attempts at this step failed:", feedback]
     user = "\n".join(line for line in lines if line).strip()
@@ -91,11 +95,40 @@ def run_agent(
     (``escalation.decide``). Raises AgentError when the model fails for
     good or the turn limit is reached, BudgetExceeded when the budget stops the job.
     """
-    limits = limits or Limits()
     messages = transcript if transcript is not None else []
     messages[:] = first_messages(brief, feedback)
+    return converse(
+        tier,
+        messages,
+        toolbox,
+        on_call,
+        check_alive,
+        limits=limits,
+        call_model=call_model,
+        sleep=sleep,
+        on_progress=on_progress,
+    )
+
+
+def converse(
+    tier: Tier,
+    messages: list[dict[str, Any]],
+    toolbox: Toolbox,
+    on_call: CallHook,
+    check_alive: Callable[[], None] = lambda: None,
+    *,
+    limits: Limits | None = None,
+    call_model: ModelCall = complete,
+    sleep: Callable[[float], None] = time.sleep,
+    on_progress: Callable[[list[dict[str, Any]]], None] = lambda _messages: None,
+) -> AgentResult:
+    """The loop of ``run_agent`` from ``messages`` on, offering the toolbox's tools only."""
+    limits = limits or Limits()
+    schemas = toolbox.schemas
     for turn in range(limits.max_turns):
-        reply = _call(tier, messages, turn, limits, on_call, check_alive, call_model, sleep)
+        reply = _call(
+            tier, messages, turn, limits, on_call, check_alive, call_model, sleep, schemas
+        )
         messages.append(reply.message)
         on_progress(messages)
         if not reply.tool_calls:
@@ -118,6 +151,7 @@ def _call(
     check_alive: Callable[[], None],
     call_model: ModelCall,
     sleep: Callable[[float], None],
+    schemas: list[dict[str, Any]],
 ) -> Completion:
     """One model turn: a request, retried while its failures are transient.
 
@@ -136,7 +170,7 @@ def _call(
             raise AgentError(_out_of_time(tier, limits, retries, last))
         bounded = tier if tier.timeout <= left else tier.model_copy(update={"timeout": left})
         try:
-            reply = call_model(bounded, messages, TOOL_SCHEMAS)
+            reply = call_model(bounded, messages, schemas)
         except BudgetExceeded:
             raise  # refused before the call: nothing was sent, nothing to journal
         except Exception as exc:  # every model error is expected input, never a crash

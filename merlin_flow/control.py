@@ -41,6 +41,7 @@ from merlin_flow.store import (
     StepStatus,
     utcnow,
 )
+from merlin_flow.submission import check_budget
 from merlin_flow.tasklist import StepType, TaskList
 
 
@@ -76,8 +77,7 @@ def resume_job(
     configuration (its endpoints pinned as at submission; ``check_tiers`` refuses one
     with no usable tier from here). The caller enqueues the job (``canvas.enqueue_job``).
     """
-    if budget_usd is not None and not budget_usd > 0:
-        raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
+    check_budget(budget_usd)
     if exit_command is not None and not exit_command.strip():
         raise InputError("--exit-command is empty: give the command that verifies the step")
     if config is not None:

@@ -84,6 +84,12 @@ class JobView(CostFields):
     finished_at: str | None
     progress: dict[str, int]
     steps: list[StepView]
+    request: str | None
+    """The request in plain words the job was made from (None for a TaskList's)."""
+    plan: dict[str, Any] | None
+    """How the request was planned and approved (``requesting.plan_record``)."""
+    answer: str | None
+    """A question's answer."""
 
 
 class JobListEntry(TypedDict):
@@ -199,6 +205,9 @@ def job_view(db: Database, job_id: str) -> JobView:
             "finished_at": _iso(job.finished_at),
             "progress": {"total": len(job.steps), **counts},
             "steps": steps,
+            "request": job.request,
+            "plan": job.plan,
+            "answer": job.answer,
         }
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import Tier
@@ -34,11 +34,15 @@ ModelCheck = Callable[[Tier, list[dict[str, Any]], list[dict[str, Any]]], None]
 
 @dataclass(frozen=True)
 class CallContext:
-    """Where a call belongs: the job, step and attempt, and which run of the attempt."""
+    """Where a call belongs: the job, step and attempt, and which run of the attempt.
+
+    A call made for the job as a whole (planning, answering a question) has no step and
+    no attempt.
+    """
 
     job_id: str
-    step_id: int
-    attempt_id: int
+    step_id: int | None
+    attempt_id: int | None
     run: int
     tier: Tier
 
@@ -55,14 +59,20 @@ class JournalEntry:
 
 
 def replayable_calls(
-    session: Session, attempt_id: int, *, paid_only: bool = True
+    session: Session, attempt_id: int | None, *, paid_only: bool = True, job_id: str = ""
 ) -> list[JournalEntry]:
     """The attempt's answers, one per turn from turn 0, as the last run saw them.
 
+    ``attempt_id`` None: the job's own calls (planning, a question), of job ``job_id``.
     ``paid_only`` leaves out answers that were themselves replays (a crashed attempt's
     rerun replays only what was paid for; ``merlin replay`` takes every answer).
     """
-    query = select(LlmCall).where(LlmCall.attempt_id == attempt_id, LlmCall.error.is_(None))
+    owner = (
+        LlmCall.attempt_id == attempt_id
+        if attempt_id is not None
+        else (LlmCall.job_id == job_id) & LlmCall.attempt_id.is_(None)
+    )
+    query = select(LlmCall).where(owner, LlmCall.error.is_(None))
     if paid_only:
         query = query.where(LlmCall.replayed.is_(False))
     rows = session.scalars(query.order_by(LlmCall.seq)).all()
@@ -216,7 +226,7 @@ def record_call(
             call.response = reply.message
             call.replayed = reply.replayed
             call.cached = reply.cached
-            if not (reply.replayed or reply.cached):
+            if not (reply.replayed or reply.cached) and context.attempt_id is not None:
                 session.execute(
                     update(Attempt)
                     .where(Attempt.id == context.attempt_id)
@@ -228,3 +238,37 @@ def record_call(
                     .execution_options(synchronize_session=False)
                 )
         session.add(call)
+
+
+class JobCalls:
+    """The model call of a job's own conversation: planning it, or answering its question.
+
+    Answered from the job's journal while the conversation asks what it asked before
+    (the process that planned died: the new run pays nothing twice), then live; every
+    call is recorded against the job, with no step and no attempt.
+    """
+
+    def __init__(self, db: Database, job_id: str, live: ModelCall = complete) -> None:
+        """Replay ``job_id``'s journaled calls, then call ``live``."""
+        self._db = db
+        self._job_id = job_id
+        mine = (LlmCall.job_id == job_id) & LlmCall.attempt_id.is_(None)
+        with db.reader() as session:
+            entries = replayable_calls(session, None, job_id=job_id)
+            self._seq = session.scalar(select(func.count()).where(mine)) or 0
+            self._run = (session.scalar(select(func.max(LlmCall.run)).where(mine)) or 0) + 1
+        self._replayer = Replayer(entries, live=live)
+
+    def __call__(
+        self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> Completion:
+        """One call, journaled (a failed one too, then raised again)."""
+        context = CallContext(self._job_id, None, None, self._run, tier)
+        self._seq += 1
+        try:
+            reply = self._replayer(tier, messages, tools)
+        except Exception as exc:
+            record_call(self._db, context, self._seq, _turn(messages), None, exc)
+            raise
+        record_call(self._db, context, self._seq, _turn(messages), reply, None)
+        return reply

@@ -12,6 +12,9 @@ the same for a path and for a git URL's cache). In order of precedence, within
 3. the file tree: paths in ``git ls-tree`` order, as many as fit, then
    ``... and N more files``. Paths under vendored or generated folders
    (``node_modules/``, ``vendor/``, ``dist/``, ``build/``...) are left out first.
+
+The relevant specs' constraint sections, when there are any, are taken first
+(``specs.constraints_text`` bounds them) and shown last.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class RepositoryContext:
     """The paths shown."""
     tree_total: int = 0
     """How many files the commit has."""
+    constraints: str = ""
+    """The relevant specs' constraint sections (``specs.constraints_text``)."""
 
     def text(self) -> str:
         """The context as the prompt shows it."""
@@ -49,6 +54,8 @@ class RepositoryContext:
         hidden = self.tree_total - len(self.tree)
         more = [f"... and {hidden} more files"] if hidden else []
         parts.append(f"--- files ({self.tree_total}) ---\n" + "\n".join([*self.tree, *more]))
+        if self.constraints:
+            parts.append(f"Constraints from the project's specs:\n{self.constraints}")
         return "\n\n".join(parts)
 
     @property
@@ -58,10 +65,17 @@ class RepositoryContext:
 
 
 def read_context(
-    git_dir: Path, commit: str, attached: tuple[str, ...], budget_tokens: int
+    git_dir: Path,
+    commit: str,
+    attached: tuple[str, ...],
+    budget_tokens: int,
+    constraints: str = "",
 ) -> RepositoryContext:
-    """The context of ``commit`` within ``budget_tokens`` (see the module docstring)."""
-    budget = budget_tokens * CHARS_PER_TOKEN
+    """The context of ``commit`` within ``budget_tokens`` (see the module docstring).
+
+    ``constraints`` (the relevant specs') come first and count against the budget.
+    """
+    budget = budget_tokens * CHARS_PER_TOKEN - len(constraints)
     paths = _tree(git_dir, commit)
     known = set(paths)
     missing = [path for path in attached if path not in known]
@@ -87,7 +101,7 @@ def read_context(
             break
         shown.append(path)
         budget -= len(path) + 1
-    return RepositoryContext(files, readme, tuple(shown), len(paths))
+    return RepositoryContext(files, readme, tuple(shown), len(paths), constraints)
 
 
 def _tree(git_dir: Path, commit: str) -> list[str]:

@@ -104,3 +104,19 @@ def ranked(query: str, specs: list[Spec], scorer: Scorer | None = None) -> list[
 def relevant(query: str, specs: list[Spec], top: int, scorer: Scorer | None = None) -> list[Spec]:
     """The ``top`` best specs for ``query`` that share at least one word with it."""
     return [spec for spec, score in ranked(query, specs, scorer)[:top] if score > 0]
+
+
+def constraints_text(specs: list[Spec], limit_chars: int = 6000) -> str:
+    """The specs' constraint sections as a prompt shows them, at most ``limit_chars``.
+
+    A spec without constraint sections adds nothing: a prompt gets constraints, never a
+    whole file.
+    """
+    parts = []
+    for spec in specs:
+        sections = spec.constraints()
+        if sections:
+            body = "\n".join(f"{head}:\n{text}" for head, text in sections.items())
+            parts.append(f"--- {spec.path} ({spec.title}) ---\n{body}")
+    text = "\n\n".join(parts)
+    return text if len(text) <= limit_chars else text[:limit_chars] + "\n[... cut]"

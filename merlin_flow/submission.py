@@ -68,8 +68,7 @@ def submit_job(
     ``check_tiers``: refuse when no tier's key or server can be reached from here (off
     when only the workers hold the keys). Raises InputError (exit code 2).
     """
-    if budget_usd is not None and not budget_usd > 0:
-        raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
+    check_budget(budget_usd)
     tasklist_file = tasklist if isinstance(tasklist, Path) else None
     if isinstance(tasklist, Path):
         tasklist = load_tasklist(tasklist)
@@ -104,10 +103,10 @@ def submit_job(
     # The files that made the job are read as they are: no need to commit them.
     inputs = [p for p in (tasklist_file, config_path) if p is not None]
     inputs.append(repository.path / CONFIG_FILE_NAME)
-    return Submission(job_id, config, _warnings(repository, repo, base, inputs))
+    return Submission(job_id, config, left_out_warnings(repository, repo, base, inputs))
 
 
-def _warnings(
+def left_out_warnings(
     repository: JobRepository, repo: str, base: str, inputs: list[Path]
 ) -> tuple[str, ...]:
     """Uncommitted changes the job leaves out (not counting its TaskList and config files)."""
@@ -122,6 +121,12 @@ def _warnings(
         return ()
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     return (UNCOMMITTED.format(repo=repo, files=shown, head=base[:10]),)
+
+
+def check_budget(budget_usd: float | None) -> None:
+    """InputError unless the budget is unset or more than 0 USD."""
+    if budget_usd is not None and not budget_usd > 0:
+        raise InputError(f"--budget must be more than 0 USD, not {budget_usd:g}")
 
 
 def new_job_id() -> str:
@@ -155,7 +160,6 @@ def create_job(
     repository = (
         repo if isinstance(repo, JobRepository) else repository_for_input(str(repo), settings)
     )
-    starts = [start_tier(step, config) for step in tasklist.steps]
     with refusals_as_input_errors(repository):
         base = base_commit or repository.base_commit()
         commands = exit_commands
@@ -181,33 +185,41 @@ def create_job(
                 replay_of=replay_of,
             )
             session.add(job)
-            for position, (step, (start, complexity), command) in enumerate(
-                zip(tasklist.steps, starts, commands, strict=True)
-            ):
-                row = Step(
-                    position=position,
-                    key=step.id,
-                    step_type=step.step_type.value,
-                    description=step.description,
-                    verification=step.verification,
-                    exit_command=command,
-                    agent=step.agent,
-                    depends_on=list(step.depends_on),
-                    status=StepStatus.PENDING,
-                    phase=Phase.ATTEMPT,
-                    tier_index=start,
-                    complexity=complexity.value,
-                    next_kind="execute",
-                )
-                if position == 0:
-                    for key, value in queued_values(settings.handoff_seconds).items():
-                        setattr(row, key, value)
-                job.steps.append(row)
+            add_steps(job, tasklist, config, commands, settings)
             add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
     except BaseException:
         repository.drop_branch(branch)
         raise
     return job_id
+
+
+def add_steps(
+    job: Job, tasklist: TaskList, config: MerlinConfig, commands: list[str], settings: Settings
+) -> None:
+    """Give ``job`` a row per step, routed to its first tier; the first step is queued."""
+    starts = [start_tier(step, config) for step in tasklist.steps]
+    for position, (step, (start, complexity), command) in enumerate(
+        zip(tasklist.steps, starts, commands, strict=True)
+    ):
+        row = Step(
+            position=position,
+            key=step.id,
+            step_type=step.step_type.value,
+            description=step.description,
+            verification=step.verification,
+            exit_command=command,
+            agent=step.agent,
+            depends_on=list(step.depends_on),
+            status=StepStatus.PENDING,
+            phase=Phase.ATTEMPT,
+            tier_index=start,
+            complexity=complexity.value,
+            next_kind="execute",
+        )
+        if position == 0:
+            for key, value in queued_values(settings.handoff_seconds).items():
+                setattr(row, key, value)
+        job.steps.append(row)
 
 
 def default_exit_commands(tasklist: TaskList, config: MerlinConfig, files: Path) -> list[str]:

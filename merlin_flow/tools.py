@@ -27,6 +27,10 @@ MAX_LIST_ENTRIES = 500
 MAX_GREP_MATCHES = 200
 
 
+READ_ONLY_TOOLS = ("read_file", "list_files", "grep")
+"""The tools of a question's agent: it reads, lists and greps, and changes nothing."""
+
+
 class ToolRefused(Exception):
     """A tool call asked for something outside its bounds (turned into an error reply)."""
 
@@ -94,11 +98,13 @@ class Toolbox:
         command_timeout: float = 120.0,
         confinement: Confinement | None = None,
         sandbox: Sandbox | None = None,
+        only: tuple[str, ...] | None = None,
     ) -> None:
         """Bind the tools to ``root``; ``command_timeout`` caps `run_command`.
 
         ``confinement`` and ``sandbox`` say where `run_command` runs; by default in the
-        bubblewrap sandbox with merlin's own interpreter first on PATH.
+        bubblewrap sandbox with merlin's own interpreter first on PATH. ``only`` keeps
+        these tools and no other (``READ_ONLY_TOOLS``).
         """
         self.root = root.resolve()
         self.command_timeout = command_timeout
@@ -116,11 +122,18 @@ class Toolbox:
             "grep": self.grep,
             "run_command": self.run_command,
         }
+        if only is not None:
+            self._tools = {name: tool for name, tool in self._tools.items() if name in only}
 
     @property
     def names(self) -> list[str]:
         """Names of the available tools."""
         return list(self._tools)
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The available tools in function-call format, as the model is offered them."""
+        return [s for s in TOOL_SCHEMAS if s["function"]["name"] in self._tools]
 
     def call(self, name: str, arguments: str | dict[str, Any]) -> str:
         """Run one tool call and return its reply text (errors included)."""

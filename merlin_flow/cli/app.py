@@ -13,7 +13,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from merlin_flow import __version__
-from merlin_flow.cli import inspecting, operations, planning, pruning, starting
+from merlin_flow.cli import approval, inspecting, operations, planning, pruning, starting
 from merlin_flow.cli.common import console, err_console
 
 # Plain help, as git and pip print it: `--json` with no `<bool>` after it, paragraphs
@@ -101,6 +101,8 @@ for command, name in (
     (starting.demo, None),
     (inspecting.watch, None),
     (operations.cancel, None),
+    (approval.approve, None),
+    (approval.reject, None),
     (pruning.prune, None),
     (starting.resume, None),
     (inspecting.logs, None),

@@ -76,7 +76,11 @@ PatchOption = Annotated[
 ]
 WaitOption = Annotated[bool, typer.Option("--wait", help="Block until the job ends.")]
 TaskListArg = Annotated[
-    Path, typer.Argument(help="TaskList file (YAML or JSON).", metavar="TASKLIST")
+    str,
+    typer.Argument(
+        help="A TaskList file (YAML or JSON), or a request in plain words, quoted.",
+        metavar="TASKLIST|REQUEST",
+    ),
 ]
 JobArg = Annotated[str, typer.Argument(help="The job id.", metavar="JOB_ID")]
 

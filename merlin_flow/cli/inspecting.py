@@ -34,6 +34,12 @@ def status(
         if as_json:
             console.print_json(json.dumps(view))
             return
+        if view["request"] is not None:
+            from merlin_flow.cli.approval import describe_request
+
+            describe_request(db, view)
+            if not view["steps"]:
+                return
         waiting = no_worker_notice(db, job_id)
         console.print(steps_table(view, plain=not console.is_terminal, stalled=bool(waiting)))
         if waiting:

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from merlin_flow.config import MerlinConfig
-    from merlin_flow.planner import Plan
     from merlin_flow.tasklist import TaskList
 
 
@@ -49,9 +48,9 @@ def plan(
         from merlin_flow.errors import InputError
         from merlin_flow.plan_reading import to_tasklist
         from merlin_flow.planner import make_plan, plan_json
-        from merlin_flow.planning_context import read_context
         from merlin_flow.reports import write_atomically
         from merlin_flow.repository import refusals_as_input_errors, repository_for_input
+        from merlin_flow.requesting import plan_record, request_context
         from merlin_flow.settings import get_settings
 
         if not request.strip():
@@ -63,11 +62,7 @@ def plan(
         with repository.files_at(base) as files:
             merlin_config = load_config(files, config)
         made = make_plan(
-            request,
-            merlin_config,
-            lambda kind: read_context(
-                repository.path, base, kind.files, merlin_config.planning.context_tokens
-            ),
+            request, merlin_config, request_context(repository, base, merlin_config, request)
         )
         tasklist = to_tasklist(request, made.steps) if made.steps else None
         if out is not None:
@@ -81,48 +76,53 @@ def plan(
             dumped = tasklist.model_dump(mode="json") if tasklist is not None else {}
             console.print_json(json.dumps(plan_json(made, dumped)))
             return
-        console.print(plan_table(made, merlin_config, tasklist))
+        record = plan_record(made, tasklist.model_dump(mode="json") if tasklist else {"steps": []})
+        console.print(plan_table(record, merlin_config, tasklist))
         if out is not None:
             console.print(f"written to {escape(str(out))}: edit it, then `merlin submit {out}`")
 
     guarded(work)
 
 
-def plan_table(made: Plan, config: MerlinConfig, tasklist: TaskList | None) -> RenderableType:
-    """The preview: how the plan was made, then a row per step with its estimates."""
+def plan_table(
+    record: dict[str, Any], config: MerlinConfig, tasklist: TaskList | None
+) -> RenderableType:
+    """The preview: how the plan was made, then a row per step with its estimates.
+
+    ``record`` is what the job keeps of its planning (``requesting.plan_record``).
+    """
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    from merlin_flow.requests import RequestKind
     from merlin_flow.routing import start_tier
 
-    kind = made.classification
-    if kind.kind is RequestKind.QUESTION or tasklist is None:
-        return Text(f"a question ({kind.reason}): it is answered, not planned")
-    if made.fallback:
+    if record.get("kind") == "question" or tasklist is None:
+        return Text(f"a question ({record.get('reason')}): it is answered, not planned")
+    if record["fallback"]:
         how = Text(
             "FALLBACK: the planner's answer could not be used, so the plan is one step "
-            "carrying the whole request. Problems: " + "; ".join(made.problems),
+            "carrying the whole request. Problems: " + "; ".join(record["problems"]),
             style="yellow",
         )
-    elif made.planned:
-        paid = "unknown cost" if made.cost_usd is None else f"${made.cost_usd:.4f}"
+    elif record["planned"]:
+        cost = record["cost_usd"]
+        paid = "unknown cost" if cost is None else f"${cost:.4f}"
         how = Text(
-            f"planned by tier {config.planning_tier().name} in {made.seconds:.1f} s "
-            f"({made.prompt_tokens} tokens in, {made.completion_tokens} out, {paid}); "
-            f"{kind.reason}, {kind.complexity.value}"
+            f"planned by tier {config.planning_tier().name} in {record['seconds']:.1f} s "
+            f"({record['prompt_tokens']} tokens in, {record['completion_tokens']} out, {paid}); "
+            f"{record['reason']}, {record['complexity']}"
         )
     else:
-        how = Text(f"one step, not sent to the planner: a single action ({kind.reason})")
+        how = Text(f"one step, not sent to the planner: a single action ({record['reason']})")
     table = Table(title=f"plan: {tasklist.title}", title_justify="left")
     for column in ("step", "type", "title", "depends on", "est. tokens", "est. cost (tier)"):
         table.add_column(column, overflow="fold")
-    by_id = {step.id: step for step in made.steps}
+    by_id = {step["id"]: step for step in record["steps"]}
     total_tokens, total_cost, unknown = 0, 0.0, False
     for task in tasklist.steps:
         planned = by_id.get(task.id)
-        tokens = planned.estimated_tokens if planned else None
+        tokens = planned["estimated_tokens"] if planned else None
         tier = config.tiers[start_tier(task, config)[0]]
         cost = None if tokens is None or tier.price_in is None else tokens * tier.price_in / 1e6
         total_tokens += tokens or 0
@@ -131,7 +131,7 @@ def plan_table(made: Plan, config: MerlinConfig, tasklist: TaskList | None) -> R
         table.add_row(
             task.id,
             task.step_type.value,
-            planned.title if planned else task.description.splitlines()[0],
+            planned["title"] if planned else task.description.splitlines()[0],
             ", ".join(task.depends_on) or "-",
             "?" if tokens is None else str(tokens),
             ("?" if cost is None else f"${cost:.4f}") + f" ({tier.name})",

@@ -32,6 +32,9 @@ STATUS_STYLE: dict[str, str] = {
     StepStatus.SKIPPED: "dim",
     JobStatus.CANCELLED: "magenta",
     JobStatus.BUDGET_EXCEEDED: "magenta",
+    JobStatus.PLANNING: "yellow",
+    JobStatus.AWAITING_APPROVAL: "cyan",
+    JobStatus.REJECTED: "magenta",
 }
 FAILED = (AttemptStatus.FAILED, AttemptStatus.ERROR)
 ATTEMPT_MARK: dict[str, str] = {

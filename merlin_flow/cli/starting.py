@@ -14,6 +14,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from merlin_flow.cli.approval import (
+    NEEDS_APPROVAL,
+    YesOption,
+    needs_review,
+    on_a_terminal,
+    review,
+    show_answer,
+    submit_request_here,
+    tasklist_file,
+)
 from merlin_flow.cli.common import (
     BudgetOption,
     ConfigOption,
@@ -44,6 +54,7 @@ from merlin_flow.cli.following import (
 from merlin_flow.errors import InputError
 
 if TYPE_CHECKING:
+    from merlin_flow.settings import Settings
     from merlin_flow.store import Database
     from merlin_flow.submission import Submission
 
@@ -93,12 +104,36 @@ def run(
             "ask: ask on a terminal, cancel elsewhere.",
         ),
     ] = OnInterrupt.ASK,
+    yes: YesOption = False,
 ) -> None:
-    """Submit a TaskList and work it in this process, with live progress."""
+    """Run a TaskList, or a request in plain words, in this process, with live progress.
+
+    A request is planned first (see `merlin plan`) and its plan shown for approval; a
+    question is answered and its answer printed.
+    """
 
     def work() -> None:
+        from merlin_flow.submission import check_budget
+
         check_report_paths(junit, patch)
-        db, job_id = _submit(tasklist, repo, config, budget, works_here=True)
+        check_budget(budget)
+        path = tasklist_file(tasklist)
+        if path is not None:
+            db, job_id = _submit(path, repo, config, budget, works_here=True)
+        else:
+            if needs_review(tasklist, yes) and not on_a_terminal():
+                raise InputError(NEEDS_APPROVAL)
+            from merlin_flow.sandbox import check_sandbox
+            from merlin_flow.store.status import JobStatus
+
+            db, settings, made = submit_request_here(tasklist, repo, config, budget, yes)
+            job_id = made.job_id
+            if made.status in (JobStatus.COMPLETED, JobStatus.FAILED):
+                show_answer(db, job_id, as_json)
+                return
+            if made.status == JobStatus.AWAITING_APPROVAL and not review(db, settings, job_id):
+                raise typer.Exit(1)
+            check_sandbox(made.config.sandbox)
         run_embedded(
             db,
             job_id,
@@ -127,19 +162,40 @@ def submit(
             "workers have their own environment.",
         ),
     ] = False,
+    yes: YesOption = False,
 ) -> None:
-    """Enqueue a TaskList for the workers (`merlin worker`) and print the job id.
+    """Enqueue a TaskList, or a request in plain words, for the workers; print the job id.
 
+    A request is planned here first; its job then waits in `awaiting_approval` for
+    `merlin approve` (or `--yes` approves it now). A question is answered here.
     For pipelines: `--wait --json` prints the final job as JSON and exits 0 (completed),
-    1 (failed, cancelled, budget exceeded) or 2 (bad input); `--junit` and `--patch`
-    write reports when the job ends.
+    1 (failed, cancelled, budget exceeded, rejected) or 2 (bad input); `--junit` and
+    `--patch` write reports when the job ends.
     """
 
     def work() -> None:
         if (junit or patch) and not wait:
             raise InputError("--junit and --patch are written when the job ends: add --wait")
+        from merlin_flow.submission import check_budget
+
         check_report_paths(junit, patch)
-        db, job_id = _submit(tasklist, repo, config, budget, check_tiers=not workers_hold_keys)
+        check_budget(budget)
+        path = tasklist_file(tasklist)
+        if path is not None:
+            db, job_id = _submit(path, repo, config, budget, check_tiers=not workers_hold_keys)
+        else:
+            from merlin_flow.store.status import JobStatus
+
+            db, _, made = submit_request_here(
+                tasklist, repo, config, budget, yes, check_tiers=not workers_hold_keys
+            )
+            job_id = made.job_id
+            if made.status in (JobStatus.COMPLETED, JobStatus.FAILED):
+                show_answer(db, job_id, as_json)
+                return
+            if made.status == JobStatus.AWAITING_APPROVAL:
+                _print_waiting(job_id, as_json)
+                return
         enqueue(db, job_id)
         if as_json:
             if not wait:
@@ -153,6 +209,35 @@ def submit(
                 finish(db, job_id, as_json, junit, patch)
 
     guarded(work)
+
+
+def _plan_again(db: Database, settings: Settings, job_id: str, as_json: bool) -> bool:
+    """Resume a job whose planning was cut off: plan it again, replaying the paid calls."""
+    from merlin_flow.jobs import job_status
+    from merlin_flow.requesting import plan_job
+    from merlin_flow.store.status import JobStatus
+
+    if job_status(db, job_id) != JobStatus.PLANNING:
+        return False
+    status = plan_job(db, settings, job_id)
+    if status == JobStatus.AWAITING_APPROVAL:
+        _print_waiting(job_id, as_json)
+    else:
+        show_answer(db, job_id, as_json)
+    return True
+
+
+def _print_waiting(job_id: str, as_json: bool) -> None:
+    """A submitted plan waits for approval: say so, with the commands that decide."""
+    if as_json:
+        console.print_json(json.dumps({"job_id": job_id, "status": "awaiting_approval"}))
+        return
+    console.print(job_id)
+    err_console.print(
+        f"job {job_id} awaits approval of its plan: `merlin status {job_id}` shows it, "
+        f"`merlin approve {job_id}` starts it, `merlin reject {job_id}` ends it",
+        highlight=False,
+    )
 
 
 def resume(
@@ -186,8 +271,12 @@ def resume(
     def work() -> None:
         from merlin_flow.config import load_config
         from merlin_flow.control import resume_job
+        from merlin_flow.submission import check_budget
 
+        check_budget(budget)
         settings, db = state()
+        if _plan_again(db, settings, job_id, as_json):
+            return
         step = resume_job(
             db,
             settings,

@@ -66,6 +66,13 @@ class Job(Base):
     budget_usd: Mapped[float | None] = mapped_column(Float)
     replay_of: Mapped[str | None] = mapped_column(String(32))
     """For a job made by ``merlin replay``: the job whose journal answers its calls."""
+    request: Mapped[str | None] = mapped_column(Text)
+    """For a job made from a request in plain words: the request, as given."""
+    plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """How the request was planned (``merlin_flow.requesting``): the planner's raw answers,
+    the parsed steps, the problems, and who approved the plan and when."""
+    answer: Mapped[str | None] = mapped_column(Text)
+    """For a question: the answer, the job's result."""
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow, index=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
@@ -156,10 +163,11 @@ class LlmCall(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(String(32), index=True)
-    step_id: Mapped[int] = mapped_column(Integer)
-    attempt_id: Mapped[int] = mapped_column(
+    step_id: Mapped[int | None] = mapped_column(Integer)
+    attempt_id: Mapped[int | None] = mapped_column(
         ForeignKey("attempts.id", ondelete="CASCADE"), index=True
     )
+    """NULL for a call made for the job as a whole: planning, or answering a question."""
     seq: Mapped[int] = mapped_column(Integer)
     turn: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     run: Mapped[int] = mapped_column(Integer, default=1, server_default="1")

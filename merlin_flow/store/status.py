@@ -13,6 +13,10 @@ from enum import StrEnum
 class JobStatus(StrEnum):
     """Where a job is in its life."""
 
+    PLANNING = "planning"
+    """A request being planned (or a question being answered) where it was submitted."""
+    AWAITING_APPROVAL = "awaiting_approval"
+    """Planned; its steps start once ``merlin approve`` accepts the plan."""
     PENDING = "pending"
     """Submitted; no worker has started a step."""
     RUNNING = "running"
@@ -22,10 +26,18 @@ class JobStatus(StrEnum):
     CANCELLED = "cancelled"
     BUDGET_EXCEEDED = "budget_exceeded"
     """Stopped before a call or an escalation its budget could not pay for."""
+    REJECTED = "rejected"
+    """Its plan was rejected (``merlin reject``): no step ran."""
 
 
 FINAL_JOB_STATUSES = frozenset(
-    {JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.BUDGET_EXCEEDED}
+    {
+        JobStatus.COMPLETED,
+        JobStatus.FAILED,
+        JobStatus.CANCELLED,
+        JobStatus.BUDGET_EXCEEDED,
+        JobStatus.REJECTED,
+    }
 )
 """A job with one of these statuses runs no more attempts (it may still be finalizing)."""
 RESUMABLE_JOB_STATUSES = frozenset(

@@ -24,7 +24,7 @@ def test_version(flag: str) -> None:
 def test_h_and_help_both_show_a_commands_help(flag: str) -> None:
     result = runner.invoke(app, ["run", flag])
     assert result.exit_code == 0
-    assert result.output.startswith("Usage: merlin run [OPTIONS] TASKLIST\n")
+    assert result.output.startswith("Usage: merlin run [OPTIONS] TASKLIST|REQUEST\n")
     assert "-h, --help" in result.output
 
 
@@ -33,7 +33,7 @@ def test_h_and_help_both_show_a_commands_help(flag: str) -> None:
     [
         (["status"], "merlin status [OPTIONS] JOB_ID"),
         (["resume"], "merlin resume [OPTIONS] JOB_ID"),
-        (["submit"], "merlin submit [OPTIONS] TASKLIST"),
+        (["submit"], "merlin submit [OPTIONS] TASKLIST|REQUEST"),
         (["costs"], "merlin costs [OPTIONS] [JOB_ID]"),
         (["db", "upgrade"], "merlin db upgrade [OPTIONS]"),
     ],
@@ -61,7 +61,10 @@ def test_the_command_list_gives_each_first_sentence_whole() -> None:
     commands = output.split("Commands:\n", 1)[1]
     assert "..." not in commands
     joined = " ".join(commands.split())
-    assert "Enqueue a TaskList for the workers (`merlin worker`) and print the job id." in joined
+    assert (
+        "Enqueue a TaskList, or a request in plain words, for the workers; print the job id."
+        in joined
+    )
     assert "Continue a failed or cancelled job from its first unverified step, on the workers." in (
         joined
     )

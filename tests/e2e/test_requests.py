@@ -1,0 +1,180 @@
+"""Requests in plain words, end to end: planned, approved or rejected, run by a real worker;
+a question answered read-only. The planner and the agents are scripted models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from merlin_flow.store import Database, LlmCall
+from tests.conftest import git
+from tests.e2e.helpers import (
+    LOCAL_SCRIPT,
+    merlin,
+    merlin_env,
+    start_worker,
+    status_json,
+    stop_worker,
+    wait_for,
+    write_job_files,
+)
+
+pytestmark = pytest.mark.e2e
+
+PLAN = json.dumps(
+    {
+        "steps": [
+            {"id": "fix", "step_type": "Debug", "title": "Fix answer()",
+             "instruction": "answer() must return 42", "estimated_tokens": 4000,
+             "files": ["app.py"]},
+            {"id": "slow", "step_type": "Feature", "title": "Add double()",
+             "instruction": "add double(x) with a test", "depends_on": ["fix"],
+             "estimated_tokens": 6000},
+            {"id": "docs", "step_type": "Refactor", "title": "Add a README",
+             "instruction": "add a README", "depends_on": ["slow"]},
+        ]
+    }
+)  # fmt: skip
+ANSWER = json.dumps("Here is the plan:\n" + PLAN)
+# The planner answers with the plan only when app.py's text reached its prompt (@app.py).
+PLANNER_RULES = f"""\
+  - match: 'You plan changes[\\s\\S]*--- @app.py ---\\s*def answer'
+    turn: 0
+    reply:
+      content: {ANSWER}
+  - match: 'You plan changes'
+    reply: {{content: "no plan without the file"}}
+  - match: 'You answer questions'
+    turn: 0
+    reply:
+      tool_calls:
+        - name: grep
+          arguments: {{pattern: "return 4"}}
+  - match: 'You answer questions[\\s\\S]*app.py:2'
+    turn: 1
+    reply: {{content: "answer() returns 41: app.py line 2 says `return 41`."}}
+"""
+REQUEST = (
+    "Three changes, see @app.py:\n1. answer() must return 42\n2. add double(x) with a test\n"
+    "3. add a README"
+)
+
+
+def _job_files(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    _, config = write_job_files(tmp_path / "job", local=LOCAL_SCRIPT.replace(
+        "rules:\n", "rules:\n" + PLANNER_RULES, 1
+    ))  # fmt: skip
+    return merlin_env(tmp_path / "home"), config
+
+
+def _submit(env: dict[str, str], repo: Path, config: Path, *extra: str) -> dict[str, Any]:
+    result = merlin(
+        env, "submit", REQUEST, "--repo", str(repo), "--config", str(config), "--json", *extra
+    )
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def _planning_calls(home: Path, job_id: str) -> list[LlmCall]:
+    db = Database(f"sqlite:///{home / 'merlin.db'}")
+    try:
+        with db.reader() as session:
+            query = select(LlmCall).where(LlmCall.job_id == job_id, LlmCall.attempt_id.is_(None))
+            rows = list(session.scalars(query.order_by(LlmCall.seq)).all())
+            session.expunge_all()
+            return rows
+    finally:
+        db.dispose()
+
+
+def _finished(env: dict[str, str], job_id: str) -> dict[str, Any]:
+    return wait_for(
+        lambda: (s := status_json(env, job_id))["finished_at"] and s, 180, "the job to end"
+    )
+
+
+def test_a_request_with_yes_is_planned_and_run_by_a_worker(tmp_path: Path, py_repo: Path) -> None:
+    env, config = _job_files(tmp_path)
+    worker = start_worker(env, tmp_path / "worker.log")
+    try:
+        job_id = _submit(env, py_repo, config, "--yes")["job_id"]
+        status = _finished(env, job_id)
+    finally:
+        stop_worker(worker)
+    assert status["status"] == "completed", (tmp_path / "worker.log").read_text()[-3000:]
+    assert [s["id"] for s in status["steps"]] == ["fix", "slow", "docs"]
+    assert status["request"] == REQUEST
+    plan = status["plan"]
+    assert (plan["planned"], plan["fallback"], plan["kind"]) == (True, False, "task")
+    assert plan["answers"] == ["Here is the plan:\n" + PLAN]  # the raw answer, kept
+    assert plan["approved_by"] and plan["approved_at"]
+    # The @app.py file reached the planner's prompt: the journal holds the one call,
+    # answered by the rule that needs the file's text.
+    (call,) = _planning_calls(tmp_path / "home", job_id)
+    assert call.response is not None and "Here is the plan" in call.response["content"]
+    assert git(py_repo, "show", f"merlin/{job_id}:app.py").endswith("return 42")
+
+
+def test_a_plan_waits_for_approval_then_runs(tmp_path: Path, py_repo: Path) -> None:
+    env, config = _job_files(tmp_path)
+    submitted = _submit(env, py_repo, config)
+    job_id = submitted["job_id"]
+    assert submitted["status"] == "awaiting_approval"
+    waiting = status_json(env, job_id)
+    assert (waiting["status"], waiting["steps"]) == ("awaiting_approval", [])
+    assert git(py_repo, "branch", "--list", f"merlin/{job_id}") == ""  # no branch before
+    shown = merlin(env, "status", job_id)
+    assert "awaiting approval" in shown.stdout and "Add double()" in shown.stdout, shown.stdout
+    worker = start_worker(env, tmp_path / "worker.log")
+    try:
+        approved = merlin(env, "approve", job_id)
+        assert approved.returncode == 0, approved.stderr
+        status = _finished(env, job_id)
+    finally:
+        stop_worker(worker)
+    assert status["status"] == "completed", (tmp_path / "worker.log").read_text()[-3000:]
+    again = merlin(env, "approve", job_id)
+    assert again.returncode == 2 and "only a job awaiting approval" in again.stderr
+
+
+def test_a_rejected_plan_ends_the_job_and_nothing_runs(tmp_path: Path, py_repo: Path) -> None:
+    env, config = _job_files(tmp_path)
+    job_id = _submit(env, py_repo, config)["job_id"]
+    rejected = merlin(env, "reject", job_id)
+    assert rejected.returncode == 0, rejected.stderr
+    status = status_json(env, job_id)
+    assert (status["status"], status["steps"]) == ("rejected", [])
+    assert status["plan"]["rejected_by"]
+    assert git(py_repo, "branch", "--list", f"merlin/{job_id}") == ""
+
+
+def test_run_of_a_planned_request_without_a_terminal_or_yes_is_refused(
+    tmp_path: Path, py_repo: Path
+) -> None:
+    env, config = _job_files(tmp_path)
+    result = merlin(env, "run", REQUEST, "--repo", str(py_repo), "--config", str(config))
+    assert result.returncode == 2
+    assert "pass --yes" in result.stderr
+    assert json.loads(merlin(env, "list", "--json").stdout) == []  # refused before any job
+
+
+def test_a_question_is_answered_read_only_with_no_branch(tmp_path: Path, py_repo: Path) -> None:
+    env, config = _job_files(tmp_path)
+    before = git(py_repo, "for-each-ref")
+    result = merlin(
+        env, "run", "What does answer() return?", "--repo", str(py_repo), "--config", str(config)
+    )
+    assert result.returncode == 0, result.stderr
+    assert "answer() returns 41: app.py line 2" in result.stdout
+    assert git(py_repo, "for-each-ref") == before  # no branch, nothing committed
+    assert git(py_repo, "status", "--porcelain") == ""
+    jobs = json.loads(merlin(env, "list", "--json").stdout)
+    status = status_json(env, jobs[0]["id"])
+    assert (status["status"], status["steps"]) == ("completed", [])
+    assert status["answer"].startswith("answer() returns 41")
+    assert len(_planning_calls(tmp_path / "home", status["id"])) == 2  # grep, then the answer
