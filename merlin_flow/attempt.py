@@ -69,6 +69,7 @@ from merlin_flow.llm import Completion, complete
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.sandbox import SANDBOX_OFF_WARNING
 from merlin_flow.settings import Settings
+from merlin_flow.spec_check import with_spec_constraints
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     FINISHED_STEP_STATUSES,
@@ -169,6 +170,7 @@ def _run_attempt(held: HeldStep, heartbeat: Heartbeat) -> Outcome:
     plan, location, brief = _begin_attempt(held)
     repository = repository_of(location, held.settings)
     repository.have(held.job_id, plan.start_commit)
+    brief = with_spec_constraints(brief, repository.path, plan.start_commit, held.config)
     try:
         end = _work_in_worktree(held, heartbeat, plan, brief, repository)
     except BudgetExceeded as exc:

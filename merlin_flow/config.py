@@ -15,7 +15,7 @@ import re
 import tomllib
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -229,6 +229,12 @@ class Specs(BaseModel):
     """Folders (or files) of Markdown specs, relative to the repository's root."""
     top: int = Field(default=3, ge=1, le=20)
     """How many of the best-scoring specs go with a request."""
+    check: Literal["off", "warn", "enforce"] = "off"
+    """The spec check after a step's exit command passes: a model compares the attempt's
+    diff with the relevant specs' constraints. `enforce` fails the verification on a
+    violation; `warn` records it and passes; `off` checks only steps with `spec_check`."""
+    check_tier: str | None = None
+    """The tier whose model makes the spec check; the planning tier when unset."""
 
 
 class MerlinConfig(BaseModel):
@@ -279,6 +285,11 @@ class MerlinConfig(BaseModel):
                 f"planning.tier names unknown tier {self.planning.tier!r}; "
                 f"tiers: {', '.join(names)}"
             )
+        if self.specs.check_tier is not None and self.specs.check_tier not in names:
+            raise ValueError(
+                f"specs.check_tier names unknown tier {self.specs.check_tier!r}; "
+                f"tiers: {', '.join(names)}"
+            )
         unserved = [t.value for t in StepType if not any(tier.serves(t) for tier in self.tiers)]
         if unserved:
             raise ValueError(f"no tier takes step type(s) {', '.join(unserved)} (tiers.step_types)")
@@ -288,6 +299,11 @@ class MerlinConfig(BaseModel):
         """The tier that plans: ``[planning] tier``, else the first."""
         name = self.planning.tier
         return self.tiers[self.tier_index(name)] if name is not None else self.tiers[0]
+
+    def spec_check_tier(self) -> Tier:
+        """The tier that makes the spec check: ``[specs] check_tier``, else the planner's."""
+        name = self.specs.check_tier
+        return self.tiers[self.tier_index(name)] if name is not None else self.planning_tier()
 
     def next_tier(self, index: int, step_type: StepType) -> int | None:
         """The first tier above ``index`` that takes ``step_type``; None when none does."""

@@ -72,6 +72,10 @@ class TaskStep(BaseModel):
     """Model tier to start on, overriding the default (must name a configured tier)."""
     depends_on: list[str] = Field(default_factory=list)
     """Ids of earlier steps this one needs."""
+    spec_check: bool = False
+    """Check the step's diff against the relevant specs after its exit command passes:
+    violations fail the verification (`enforce`), or only warn when `[specs] check` is
+    `warn`. Steps are checked without it when `[specs] check` is not `off`."""
 
     @model_validator(mode="before")
     @classmethod

@@ -9,16 +9,17 @@ under the job's lock and while holding the step's lease.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.agent import first_messages
 from merlin_flow.attempt import step_brief, step_environment
 from merlin_flow.budget import BudgetGuard
-from merlin_flow.config import MerlinConfig
+from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.environment import prepare_worktree, step_confinement
 from merlin_flow.errors import BudgetExceeded, LeaseLost, SetupFailed
 from merlin_flow.escalation import (
@@ -31,7 +32,8 @@ from merlin_flow.escalation import (
     feedback_for,
 )
 from merlin_flow.exit_commands import run_exit_command
-from merlin_flow.git import add_worktree, remove_worktree
+from merlin_flow.git import add_worktree, diff, remove_worktree
+from merlin_flow.journal import CallContext, record_call
 from merlin_flow.leases import Heartbeat, queued_values
 from merlin_flow.lifecycle import (
     HeldStep,
@@ -45,9 +47,20 @@ from merlin_flow.lifecycle import (
     lock_job,
     release_step,
 )
+from merlin_flow.llm import Completion, complete
 from merlin_flow.process import CommandResult
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
+from merlin_flow.spec_check import (
+    CHECK_CHARS,
+    CheckResult,
+    Policy,
+    SpecOutcome,
+    parse_answer,
+    policy,
+    run_check,
+    spec_constraints,
+)
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     Attempt,
@@ -55,6 +68,7 @@ from merlin_flow.store import (
     Database,
     Job,
     JobStatus,
+    LlmCall,
     Phase,
     Step,
     StepStatus,
@@ -64,6 +78,9 @@ from merlin_flow.tasklist import StepType
 from merlin_flow.tools import TOOL_SCHEMAS
 
 log = logging.getLogger(__name__)
+
+SPEC_CHECK_TURN = -1
+"""The journal's turn for the spec check's call: after the attempt, never replayed."""
 
 
 @dataclass(frozen=True)
@@ -75,11 +92,31 @@ class _Verdict:
     passed: bool
     exit_code: int | None  # None: the exit command did not run (agent error, or re-recording)
     output: str
+    spec: SpecOutcome | None = None  # the spec check, when one ran after a passed command
 
     def record_on(self, attempt: Attempt) -> None:
         if self.exit_code is not None:
             attempt.exit_code, attempt.output_tail = self.exit_code, self.output
+        if self.spec is not None and self.spec.fails:
+            attempt.error = self.spec.error()
         attempt.finished_at = attempt.finished_at or utcnow()
+
+    def record_spec_check(self, session: Session, attempt: Attempt) -> None:
+        """The spec check's event in the job's history (warnings reach the summary)."""
+        if self.spec is not None:
+            kind, message = self.spec.event()
+            violations = [str(v) for v in self.spec.result.violations]
+            add_event(
+                session,
+                self.held.job_id,
+                kind,
+                message,
+                self.held.step_key,
+                attempt=attempt.number,
+                policy=self.spec.policy.value,
+                specs=list(self.spec.specs),
+                violations=violations,
+            )
 
 
 def verify_step(
@@ -100,6 +137,8 @@ def verify_step(
 
     def judge_and_decide(heartbeat: Heartbeat) -> Outcome:
         verdict = _judge(held, repository)
+        if verdict.passed and verdict.exit_code is not None:
+            verdict = _spec_check(verdict, repository)
         if heartbeat.lost:
             raise LeaseLost(f"step {step_key}: lease lost during verification")
         # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
@@ -141,6 +180,78 @@ def _run_in_worktree(
         return run_exit_command(command, confinement, held.config)
     finally:
         remove_worktree(repository.path, worktree)
+
+
+def _spec_check(verdict: _Verdict, repository: JobRepository) -> _Verdict:
+    """Check the passed attempt's diff against the relevant specs (``spec_check``).
+
+    The diff is the step's whole change (its base commit to the attempt's commit): a fix
+    attempt is checked with the changes of the attempts it builds on.
+    """
+    held = verdict.held
+    with held.db.reader() as session:
+        job = session.get_one(Job, held.job_id)
+        step = session.get_one(Step, held.step_id)
+        attempt = session.get_one(Attempt, verdict.attempt_id)
+        steps = job.tasklist.get("steps", [])
+        flagged = any(s.get("id") == step.key and s.get("spec_check") for s in steps)
+        base, commit = step.base_commit or attempt.start_commit, attempt.commit
+        description, budget, run = step.description, job.budget_usd, attempt.runs
+        original = _original_check(session, job, step, attempt) if job.replay_of else None
+        replaying = job.replay_of is not None
+    mode = policy(held.config, flagged)
+    if mode is Policy.OFF or not commit:
+        return verdict
+    constraints, paths = spec_constraints(
+        repository.path, base, held.config, description, CHECK_CHARS
+    )
+    patch = diff(repository.path, base, commit)
+    if not constraints or not patch.strip():
+        return verdict
+    tier = held.config.spec_check_tier()
+    guard = BudgetGuard(held.db, held.job_id, budget, held.config.limits.expected_completion_tokens)
+    context = CallContext(held.job_id, held.step_id, verdict.attempt_id, run, tier)
+
+    def journaled(tier: Tier, messages: list[dict[str, Any]], tools: list[Any]) -> Completion:
+        guard.before_call(tier, messages, tools)  # refused: the check could not run
+        with held.db.reader() as session:
+            last = session.scalar(
+                select(func.max(LlmCall.seq)).where(LlmCall.attempt_id == verdict.attempt_id)
+            )
+        seq = 0 if last is None else last + 1
+        try:
+            reply = complete(tier, messages, tools)
+        except Exception as exc:
+            record_call(held.db, context, seq, SPEC_CHECK_TURN, None, exc)
+            raise
+        record_call(held.db, context, seq, SPEC_CHECK_TURN, reply, None)
+        return reply
+
+    if replaying:  # a replay answers from its original's journal only: no live call
+        missing = "spec check could not run: the original job made no such check"
+        result = parse_answer(original) if original is not None else CheckResult(note=missing)
+    else:
+        result = run_check(tier, constraints, patch, journaled)
+    outcome = SpecOutcome(mode, tuple(paths), result)
+    return replace(verdict, passed=not outcome.fails, spec=outcome)
+
+
+def _original_check(session: Session, job: Job, step: Step, attempt: Attempt) -> str | None:
+    """For a replay job: the answer the original job's spec check got, for this attempt."""
+    response = session.scalars(
+        select(LlmCall.response)
+        .join(Attempt, LlmCall.attempt_id == Attempt.id)
+        .join(Step, Attempt.step_id == Step.id)
+        .where(
+            Step.job_id == job.replay_of,
+            Step.key == step.key,
+            Attempt.number == attempt.number,
+            LlmCall.turn == SPEC_CHECK_TURN,
+            LlmCall.error.is_(None),
+        )
+        .order_by(LlmCall.seq.desc())
+    ).first()
+    return None if response is None else str(response.get("content") or "")
 
 
 def _pass(verdict: _Verdict, repository: JobRepository, branch: str) -> Outcome:
@@ -190,6 +301,7 @@ def _complete(
     step.finished_at = now
     job.head_commit = commit
     job.updated_at = now
+    verdict.record_spec_check(session, attempt)
     add_event(
         session,
         job.id,
@@ -227,6 +339,7 @@ def _fail(verdict: _Verdict) -> Outcome:
                 exit_code=verdict.exit_code,
             )
         session.flush()
+        verdict.record_spec_check(session, attempt)
         if ended:  # cancelled meanwhile: no fix, no escalation
             release_step(session, held.step_id, held.token)
         elif _plan_next(session, verdict, step, attempt):

@@ -112,11 +112,13 @@ def test_a_request_with_yes_is_planned_and_run_by_a_worker(tmp_path: Path, py_re
     plan = status["plan"]
     assert (plan["planned"], plan["fallback"], plan["kind"]) == (True, False, "task")
     assert plan["answers"] == ["Here is the plan:\n" + PLAN]  # the raw answer, kept
-    assert plan["approved_by"] and plan["approved_at"]
+    assert plan["approved_by"]
+    assert plan["approved_at"]
     # The @app.py file reached the planner's prompt: the journal holds the one call,
     # answered by the rule that needs the file's text.
     (call,) = _planning_calls(tmp_path / "home", job_id)
-    assert call.response is not None and "Here is the plan" in call.response["content"]
+    assert call.response is not None
+    assert "Here is the plan" in call.response["content"]
     assert git(py_repo, "show", f"merlin/{job_id}:app.py").endswith("return 42")
 
 
@@ -129,7 +131,8 @@ def test_a_plan_waits_for_approval_then_runs(tmp_path: Path, py_repo: Path) -> N
     assert (waiting["status"], waiting["steps"]) == ("awaiting_approval", [])
     assert git(py_repo, "branch", "--list", f"merlin/{job_id}") == ""  # no branch before
     shown = merlin(env, "status", job_id)
-    assert "awaiting approval" in shown.stdout and "Add double()" in shown.stdout, shown.stdout
+    assert "awaiting approval" in shown.stdout, shown.stdout
+    assert "Add double()" in shown.stdout
     worker = start_worker(env, tmp_path / "worker.log")
     try:
         approved = merlin(env, "approve", job_id)
@@ -139,7 +142,8 @@ def test_a_plan_waits_for_approval_then_runs(tmp_path: Path, py_repo: Path) -> N
         stop_worker(worker)
     assert status["status"] == "completed", (tmp_path / "worker.log").read_text()[-3000:]
     again = merlin(env, "approve", job_id)
-    assert again.returncode == 2 and "only a job awaiting approval" in again.stderr
+    assert again.returncode == 2
+    assert "only a job awaiting approval" in again.stderr
 
 
 def test_a_rejected_plan_ends_the_job_and_nothing_runs(tmp_path: Path, py_repo: Path) -> None:

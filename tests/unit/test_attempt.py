@@ -142,3 +142,61 @@ def test_a_verify_step_may_change_nothing(db: Database, py_repo: Path, tmp_path:
     verify_step(db, settings, job_id, "s0", "w:2")
     attempt = job_view(db, job_id)["steps"][0]["attempts"][0]
     assert (attempt["status"], attempt["exit_code"]) == ("passed", 0)
+
+
+SPEC_WITH_INVARIANT = """\
+# Answer
+
+## Invariants
+answer() never returns a negative number.
+
+## Notes
+Not a constraint: never shown to the agent.
+"""
+
+
+def _first_prompt(db: Database, settings: Settings, tmp_path: Path, files: dict[str, str]) -> str:
+    """The user message of the first attempt of a job "answer 42" on a repo of ``files``."""
+    from merlin_flow.store import Attempt, AttemptStatus
+    from tests.conftest import make_repo
+    from tests.unit.scripted_jobs import SCRIPT
+
+    repo = make_repo(tmp_path / "repo", {"app.py": "def answer():\n    return 41\n", **files})
+    (tmp_path / "script.yaml").write_text(SCRIPT)
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{tmp_path / 'script.yaml'}")],
+        exit_commands={"Debug": "true"},
+    )
+    steps = [{"id": "s0", "step_type": "Debug", "description": "answer 42"}]
+    tasklist = parse_tasklist({"title": "t", "steps": steps})
+    job_id = create_job(db, settings, tasklist, repo, config)
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    with db.reader() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        assert attempt.status == AttemptStatus.COMMITTED
+        return str(attempt.transcript[0]["content"])
+
+
+def test_a_relevant_specs_invariant_reaches_the_agents_prompt(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    unrelated = "# Logging\n\n## Invariants\nLogs rotate daily.\n"
+    prompt = _first_prompt(
+        db,
+        settings,
+        tmp_path,
+        {"specs/answer.md": SPEC_WITH_INVARIANT, "specs/logging.md": unrelated},
+    )
+    assert "Constraints from the project's specs:" in prompt
+    assert "answer() never returns a negative number." in prompt
+    assert "specs/answer.md" in prompt
+    assert "Not a constraint" not in prompt  # constraint sections only, not the file
+    assert "Logs rotate daily" not in prompt  # a spec sharing no word with the step
+
+
+def test_without_specs_the_prompt_has_no_constraints(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    prompt = _first_prompt(db, settings, tmp_path, {})
+    assert prompt.startswith("Step s0 (Debug): answer 42")
+    assert "Constraints from the project's specs" not in prompt

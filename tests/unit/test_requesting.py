@@ -1,0 +1,240 @@
+"""A request's job: recorded, planned with journaled calls, approved or rejected."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from sqlalchemy import func, select
+from typer.testing import CliRunner
+
+from merlin_flow.cli.app import app
+from merlin_flow.config import Tier
+from merlin_flow.errors import InputError
+from merlin_flow.llm import Completion, complete
+from merlin_flow.requesting import approve_job, plan_job, reject_job, submit_request
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Job, JobStatus, LlmCall
+from merlin_flow.tasklist import parse_tasklist
+from tests.conftest import git, make_repo
+
+PLAN = json.dumps(
+    {
+        "steps": [
+            {"id": "core", "step_type": "Feature", "title": "Add Point",
+             "instruction": "Add a Point class to geo.py", "estimated_tokens": 1000},
+            {"id": "tests", "step_type": "Test", "title": "Test Point",
+             "instruction": "Test Point", "depends_on": ["core"]},
+        ]
+    }
+)  # fmt: skip
+REQUEST = "Add a Point class to geo.py with distance(), and cover it with tests and docs"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A repository whose merlin.toml names a scripted tier that plans ``PLAN``."""
+    script = tmp_path / "local.yaml"
+    rules = [{"match": "You plan changes", "turn": 0, "reply": {"content": PLAN}}]
+    script.write_text(yaml.safe_dump({"rules": rules}))
+    return make_repo(
+        tmp_path / "repo",
+        {
+            "geo.py": "X = 1\n",
+            "pyproject.toml": '[project]\nname = "geo"\nversion = "0"\n',
+            "merlin.toml": f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n',
+            "specs/geo.md": "# Geometry\n\n## Invariants\n\nA Point is immutable.\n",
+        },
+    )
+
+
+def _count(db: Database, model: Any) -> int:
+    with db.reader() as session:
+        return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+def _job(db: Database, job_id: str) -> Job:
+    with db.reader() as session:
+        job = session.get_one(Job, job_id)
+        session.expunge(job)
+        return job
+
+
+def test_a_request_is_planned_and_waits_for_approval(
+    db: Database, settings: Settings, repo: Path
+) -> None:
+    made = submit_request(db, settings, REQUEST, str(repo))
+    assert made.status == JobStatus.AWAITING_APPROVAL
+    job = _job(db, made.job_id)
+    assert job.request == REQUEST
+    assert [s["id"] for s in job.tasklist["steps"]] == ["core", "tests"]
+    assert job.plan is not None
+    assert job.plan["answers"] == [PLAN]
+    assert job.plan["approved_by"] is None
+    assert git(repo, "branch", "--list", job.branch) == ""  # no branch until approved
+
+
+def test_approval_makes_the_branch_and_the_steps(
+    db: Database, settings: Settings, repo: Path
+) -> None:
+    made = submit_request(db, settings, REQUEST, str(repo))
+    approve_job(db, settings, made.job_id, "ada")
+    job = _job(db, made.job_id)
+    assert job.status == JobStatus.PENDING
+    assert job.plan is not None
+    assert (job.plan["approved_by"], job.plan["edited"]) == ("ada", False)
+    assert git(repo, "rev-parse", job.branch) == job.base_commit
+    with pytest.raises(InputError, match="only a job awaiting approval can be approved"):
+        approve_job(db, settings, made.job_id, "ada")
+
+
+def test_an_edited_plan_replaces_the_planned_one(
+    db: Database, settings: Settings, repo: Path
+) -> None:
+    made = submit_request(db, settings, REQUEST, str(repo))
+    edited = parse_tasklist(
+        {"title": "mine", "steps": [{"id": "only", "step_type": "Feature", "description": "d"}]}
+    )
+    approve_job(db, settings, made.job_id, "ada", edited)
+    job = _job(db, made.job_id)
+    assert (job.title, [s["id"] for s in job.tasklist["steps"]]) == ("mine", ["only"])
+    assert job.plan is not None
+    assert job.plan["edited"] is True
+
+
+def test_a_rejected_plan_ends_the_job(db: Database, settings: Settings, repo: Path) -> None:
+    made = submit_request(db, settings, REQUEST, str(repo))
+    reject_job(db, made.job_id, "bob")
+    job = _job(db, made.job_id)
+    assert (job.status, job.finished_at is not None) == (JobStatus.REJECTED, True)
+    with pytest.raises(InputError, match="can be rejected"):
+        reject_job(db, made.job_id, "bob")
+
+
+def test_with_approval_given_the_job_is_ready_to_run(
+    db: Database, settings: Settings, repo: Path
+) -> None:
+    made = submit_request(db, settings, REQUEST, str(repo), approved_by="ci")
+    assert made.status == JobStatus.PENDING
+    assert _job(db, made.job_id).plan["approved_by"] == "ci"  # type: ignore[index]
+
+
+def test_a_missing_attached_file_is_refused_before_anything_is_written(
+    db: Database, settings: Settings, repo: Path
+) -> None:
+    with pytest.raises(InputError, match=r"@nope\.py"):
+        submit_request(db, settings, REQUEST + " like @nope.py", str(repo))
+    assert _count(db, Job) == 0
+
+
+def test_the_relevant_specs_reach_the_planner(db: Database, settings: Settings, repo: Path) -> None:
+    asked: list[str] = []
+
+    def spy(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
+        asked.append(messages[-1]["content"])
+        return complete(tier, messages, tools)
+
+    submit_request(db, settings, REQUEST, str(repo), call_model=spy)
+    assert "Constraints from the project's specs" in asked[0]
+    assert "A Point is immutable." in asked[0]
+
+
+def test_planning_cut_off_is_replayed_from_the_journal(
+    db: Database, settings: Settings, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies after the paid planner call: planning again pays nothing twice."""
+    import merlin_flow.requesting as requesting
+
+    def die(*_args: Any) -> Any:
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(requesting, "to_tasklist", die)
+    with pytest.raises(SystemExit):
+        submit_request(db, settings, REQUEST, str(repo))
+    monkeypatch.undo()
+    with db.reader() as session:
+        job_id = session.scalars(select(Job.id)).one()
+        assert session.get_one(Job, job_id).status == JobStatus.PLANNING
+
+    def no_live_call(*_args: Any) -> Completion:
+        raise AssertionError("the planner was asked again")
+
+    assert plan_job(db, settings, job_id, no_live_call) == JobStatus.AWAITING_APPROVAL
+    with db.reader() as session:
+        calls = session.scalars(select(LlmCall).order_by(LlmCall.seq)).all()
+        assert [(c.replayed, c.attempt_id, c.run) for c in calls] == [
+            (False, None, 1),
+            (True, None, 2),
+        ]
+    assert _job(db, job_id).plan["answers"] == [PLAN]  # type: ignore[index]
+
+
+def test_a_single_action_is_one_step_with_no_model_call(
+    db: Database, settings: Settings, repo: Path
+) -> None:
+    made = submit_request(db, settings, "Rename X in geo.py", str(repo))
+    job = _job(db, made.job_id)
+    assert [s["description"] for s in job.tasklist["steps"]] == ["Rename X in geo.py"]
+    assert _count(db, LlmCall) == 0
+
+
+EDITOR = """\
+import sys, pathlib
+path = pathlib.Path(sys.argv[1])
+path.write_text(path.read_text().replace("id: tests", "id: checks"))
+"""
+
+
+def test_the_terminal_review_edits_then_approves(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    editor = tmp_path / "editor.py"
+    editor.write_text(EDITOR)
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {editor}")
+    monkeypatch.setenv("MERLIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("merlin_flow.cli.starting.on_a_terminal", lambda: True)
+    monkeypatch.setattr("merlin_flow.cli.starting.run_embedded", lambda *a, **k: None)
+    result = CliRunner().invoke(app, ["run", REQUEST, "--repo", str(repo)], input="e\na\n")
+    assert result.exit_code == 0, result.output
+    assert "est. tokens" in result.output  # the preview came first
+    assert "edited plan: 2 step(s)" in result.output
+    db = Database(f"sqlite:///{tmp_path / 'home' / 'merlin.db'}")
+    try:
+        with db.reader() as session:
+            job = session.scalars(select(Job)).one()
+            assert [s["id"] for s in job.tasklist["steps"]] == ["core", "checks"]
+            assert job.status == JobStatus.PENDING
+            assert job.plan["edited"] is True
+    finally:
+        db.dispose()
+
+
+def test_the_terminal_review_can_reject(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+
+    monkeypatch.setenv("MERLIN_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("merlin_flow.cli.starting.on_a_terminal", lambda: True)
+    result = CliRunner().invoke(app, ["run", REQUEST, "--repo", str(repo)], input="x\nr\n")
+    assert result.exit_code == 1, result.output
+    assert "answer a (approve), e (edit) or r (reject)" in result.output
+    assert "rejected: nothing ran" in result.output
+
+
+@pytest.mark.parametrize(
+    ("argument", "problem"),
+    [("tasklist.yml", "TaskList file not found: tasklist.yml"), ("specs", "is a folder")],
+)
+def test_a_mistyped_tasklist_path_is_not_taken_for_a_request(
+    tmp_path: Path, repo: Path, argument: str, problem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("MERLIN_HOME", str(tmp_path / "home"))
+    result = CliRunner().invoke(app, ["submit", argument])
+    assert result.exit_code == 2
+    assert problem in result.output
