@@ -182,3 +182,107 @@ def test_a_question_is_answered_read_only_with_no_branch(tmp_path: Path, py_repo
     assert (status["status"], status["steps"]) == ("completed", [])
     assert status["answer"].startswith("answer() returns 41")
     assert len(_planning_calls(tmp_path / "home", status["id"])) == 2  # grep, then the answer
+
+
+SPEC = """\
+# The answer
+
+## Invariants
+
+answer() never returns a negative number.
+
+## Notes
+
+Not a constraint: this section stays out of prompts.
+"""
+SPEC_LOCAL = """\
+rules:
+  # the fix attempt: its feedback carries the violation
+  - match: 'Step fix \\([\\s\\S]*VIOLATION app.py:2'
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return -42", new: "return 42"}
+  - match: 'Step fix \\([\\s\\S]*VIOLATION app.py:2'
+    turn: 1
+    reply: {content: "answer() is positive again"}
+  # the first attempt breaks the invariant, and only if the invariant is in its prompt
+  - match: 'Step fix \\([\\s\\S]*never returns a negative number'
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 41", new: "return -42"}
+  - match: 'Step fix \\('
+    turn: 1
+    reply: {content: "answer() returns -42"}
+"""
+CHECKER = """\
+rules:
+  - match: '\\+\\s*return -42'
+    reply: {content: "VIOLATION app.py:2: answer() returns a negative number"}
+  - reply: {content: "PASS"}
+"""
+SPEC_CONFIG = """\
+[[tiers]]
+name = "local"
+model = "scripted/local.yaml"
+
+[[tiers]]
+name = "checker"
+model = "scripted/checker.yaml"
+
+[specs]
+check = "enforce"
+check_tier = "checker"
+
+[limits]
+exit_command_timeout = 120
+"""
+SPEC_TASKLIST = """\
+title: Keep the answer
+steps:
+  - id: fix
+    step_type: Debug
+    description: change what answer() returns
+    exit_command: python -c "import app"
+"""
+
+
+def test_an_enforced_spec_check_fails_the_breaking_attempt_and_passes_the_fix(
+    tmp_path: Path, py_repo: Path
+) -> None:
+    (py_repo / "specs").mkdir()
+    (py_repo / "specs" / "answer.md").write_text(SPEC)
+    git(py_repo, "add", "-A")
+    git(py_repo, "commit", "-q", "-m", "spec")
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "local.yaml").write_text(SPEC_LOCAL)
+    (job / "checker.yaml").write_text(CHECKER)
+    (job / "merlin.toml").write_text(SPEC_CONFIG)
+    (job / "tasklist.yaml").write_text(SPEC_TASKLIST)
+    env = merlin_env(tmp_path / "home")
+    worker = start_worker(env, tmp_path / "worker.log")
+    try:
+        result = merlin(
+            env, "submit", str(job / "tasklist.yaml"), "--repo", str(py_repo),
+            "--config", str(job / "merlin.toml"), "--json",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        status = _finished(env, json.loads(result.stdout)["job_id"])
+    finally:
+        stop_worker(worker)
+    assert status["status"] == "completed", (tmp_path / "worker.log").read_text()[-3000:]
+    attempts = status["steps"][0]["attempts"]
+    assert [(a["kind"], a["status"], a["exit_code"]) for a in attempts] == [
+        ("execute", "failed", 0),  # its exit command passed; the spec check failed it
+        ("fix", "passed", 0),
+    ]
+    assert "VIOLATION app.py:2: answer() returns a negative number" in attempts[0]["error"]
+    logs = merlin(env, "logs", status["id"], "--json")
+    first_prompt = json.loads(logs.stdout)[0]["transcript"][0]["content"]
+    assert "answer() never returns a negative number." in first_prompt
+    assert "Not a constraint" not in first_prompt
+    assert git(py_repo, "show", f"{status['branch']}:app.py").endswith("return 42")
