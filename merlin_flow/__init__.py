@@ -57,6 +57,11 @@ _EXPORTS: dict[str, str] = {
     "make_plan": "merlin_flow.planner",
     "Plan": "merlin_flow.planner",
     "load_specs": "merlin_flow.specs",
+    "submit_request": "merlin_flow.requesting",
+    "RequestSubmission": "merlin_flow.requesting",
+    "approve_job": "merlin_flow.requesting",
+    "reject_job": "merlin_flow.requesting",
+    "plan_job": "merlin_flow.requesting",
     # Where step commands run
     "Confinement": "merlin_flow.sandbox",
     "run_confined": "merlin_flow.sandbox",

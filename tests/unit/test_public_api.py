@@ -24,7 +24,8 @@ PINNED_API = {
     "run_confined", "EnvironmentPlan", "plan_environment", "ensure_environment",
     "tier_access", "Redactor", "SandboxUnavailable", "NoModelAvailable", "SetupFailed",
     "ModelUnreachable", "examine", "ModelFailure", "job_logs", "prune", "PruneReport",
-    "live_workers", "RequestKind", "make_plan", "Plan", "load_specs",
+    "live_workers", "RequestKind", "make_plan", "Plan", "load_specs", "submit_request",
+    "RequestSubmission", "approve_job", "reject_job", "plan_job",
     "PlanUnreadable",
 }  # fmt: skip
 
