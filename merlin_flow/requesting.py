@@ -9,6 +9,7 @@ for. Then:
 
 - a **question** is answered by a read-only agent (``questions``); the job completes
   with the answer as its result, and has no step and no branch;
+- a **single action** is approved at once: its one step is what was asked for;
 - a **plan** waits in ``awaiting_approval`` with the request, the planner's raw answers
   and the parsed steps. ``approve_job`` (``merlin approve``, or ``--yes`` at submission)
   makes the job branch and the step rows, possibly from an edited TaskList, and records
@@ -119,7 +120,8 @@ def submit_request(
         )
         add_event(session, job_id, "job_submitted", f"request submitted: {_title(request)}")
     status = plan_job(db, settings, job_id, call_model)
-    if approved_by is not None and status == JobStatus.AWAITING_APPROVAL:
+    single = kind.kind is RequestKind.SINGLE  # the one step asked for: nothing to review
+    if status == JobStatus.AWAITING_APPROVAL and (approved_by is not None or single):
         approve_job(db, settings, job_id, approved_by)
         status = JobStatus.PENDING
     inputs = [p for p in (config_path,) if p is not None] + [repository.path / CONFIG_FILE_NAME]

@@ -85,9 +85,12 @@ def submit_request_here(
 ) -> tuple[Database, Settings, RequestSubmission]:
     """Plan the request here (printing that it does), approving it when ``yes``."""
     from merlin_flow.requesting import submit_request, user_name
+    from merlin_flow.requests import RequestKind, classify
 
     settings, db = state()
-    err_console.print("planning the request…", highlight=False)
+    kind = classify(request).kind
+    doing = {RequestKind.QUESTION: "answering the question", RequestKind.SINGLE: "one step"}
+    err_console.print(f"{doing.get(kind, 'planning the request')}…", highlight=False)
     made = submit_request(
         db,
         settings,

@@ -173,12 +173,15 @@ def test_planning_cut_off_is_replayed_from_the_journal(
     assert _job(db, job_id).plan["answers"] == [PLAN]  # type: ignore[index]
 
 
-def test_a_single_action_is_one_step_with_no_model_call(
+def test_a_single_action_is_one_step_approved_with_no_model_call(
     db: Database, settings: Settings, repo: Path
 ) -> None:
     made = submit_request(db, settings, "Rename X in geo.py", str(repo))
+    assert made.status == JobStatus.PENDING  # the one step asked for: nothing to review
     job = _job(db, made.job_id)
     assert [s["description"] for s in job.tasklist["steps"]] == ["Rename X in geo.py"]
+    assert job.plan is not None
+    assert job.plan["approved_by"]
     assert _count(db, LlmCall) == 0
 
 
