@@ -80,7 +80,12 @@ def watch(job_id: JobArg) -> None:
         from merlin_flow.jobs import job_status
 
         _, db = state()
-        job_status(db, job_id)  # an unknown job is an input error before anything is drawn
+        status = job_status(db, job_id)  # an unknown job: an input error, nothing drawn
+        if status in ("awaiting_approval", "planning"):
+            raise InputError(
+                f"job {job_id} is {status}: nothing runs until its plan is approved "
+                f"(`merlin status {job_id}` shows it, `merlin approve {job_id}` starts it)"
+            )
         with stop_waiting_on_interrupt(job_id):
             finish(db, job_id, as_json=False)
 

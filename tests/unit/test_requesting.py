@@ -241,3 +241,15 @@ def test_a_mistyped_tasklist_path_is_not_taken_for_a_request(
     result = CliRunner().invoke(app, ["submit", argument])
     assert result.exit_code == 2
     assert problem in result.output
+
+
+def test_watching_a_plan_that_awaits_approval_says_so(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MERLIN_HOME", str(tmp_path / "home"))
+    submitted = CliRunner().invoke(app, ["submit", REQUEST, "--repo", str(repo), "--json"])
+    assert submitted.exit_code == 0, submitted.output
+    job_id = json.loads(submitted.stdout)["job_id"]
+    watched = CliRunner().invoke(app, ["watch", job_id])
+    assert watched.exit_code == 2
+    assert f"`merlin approve {job_id}` starts it" in " ".join(watched.output.split())
