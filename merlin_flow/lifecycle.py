@@ -289,7 +289,12 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             repository.have(job_id, job.base_commit, job.head_commit)
             patch.write_text(diff(repository.path, job.base_commit, job.head_commit))
             _remove_leftover_worktrees(repository.path, settings.worktrees_dir / job_id)
-        patch.with_name("summary.md").write_text(job_summary(job, unreadable))
+        warnings = session.scalars(
+            select(Event.message)
+            .where(Event.job_id == job_id, Event.kind == "spec_warning")
+            .order_by(Event.id)
+        ).all()
+        patch.with_name("summary.md").write_text(job_summary(job, unreadable, warnings))
         job.patch_path = str(patch)
         job.finished_at = job.updated_at = utcnow()
         add_event(session, job_id, "job_finished", f"job {job.status}", patch=str(patch))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,8 +92,12 @@ def _seconds(started: str | None, finished: str | None) -> float:
     return max(0.0, (end - begin).total_seconds())
 
 
-def job_summary(job: Job, patch_error: str | None = None) -> str:
-    """A Markdown summary of a finished job: outcome, and each step's attempts."""
+def job_summary(job: Job, patch_error: str | None = None, warnings: Sequence[str] = ()) -> str:
+    """A Markdown summary of a finished job: outcome, each step's attempts, the warnings.
+
+    ``warnings``: what the job's history says should be read (the spec check's
+    ``spec_warning`` events).
+    """
     lines = [
         f"# {job.title}",
         "",
@@ -111,4 +116,6 @@ def job_summary(job: Job, patch_error: str | None = None) -> str:
             for a in step.attempts
         )
         lines.append(f"| {step.key} | {step.step_type} | {step.status} | {attempts} |")
+    if warnings:
+        lines += ["", "## Warnings", "", *(f"- {warning}" for warning in warnings)]
     return "\n".join(lines) + "\n"

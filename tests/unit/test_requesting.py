@@ -253,3 +253,19 @@ def test_watching_a_plan_that_awaits_approval_says_so(
     watched = CliRunner().invoke(app, ["watch", job_id])
     assert watched.exit_code == 2
     assert f"`merlin approve {job_id}` starts it" in " ".join(watched.output.split())
+
+
+def test_resume_plans_a_job_cut_off_while_planning(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import merlin_flow.requesting as requesting
+
+    monkeypatch.setenv("MERLIN_HOME", str(tmp_path / "home"))
+    with monkeypatch.context() as patched:
+        patched.setattr(requesting, "to_tasklist", lambda *_: sys.exit(3))  # dies mid-planning
+        cut = CliRunner().invoke(app, ["submit", REQUEST, "--repo", str(repo)])
+    assert cut.exit_code == 3
+    job_id = json.loads(CliRunner().invoke(app, ["list", "--json"]).stdout)[0]["id"]
+    resumed = CliRunner().invoke(app, ["resume", job_id, "--json"])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout) == {"job_id": job_id, "status": "awaiting_approval"}

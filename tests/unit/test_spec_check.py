@@ -11,7 +11,7 @@ from sqlalchemy import select
 from merlin_flow.attempt import execute_step
 from merlin_flow.config import MerlinConfig, Specs, Tier
 from merlin_flow.jobs import job_view
-from merlin_flow.lifecycle import Outcome
+from merlin_flow.lifecycle import Outcome, finalize_job
 from merlin_flow.settings import Settings
 from merlin_flow.spec_check import (
     Policy,
@@ -249,6 +249,9 @@ def test_warn_records_the_violations_and_passes(
     assert [a["status"] for a in attempts] == ["passed"]
     (warning,) = _events(db, job_id, "spec_warning")
     assert "VIOLATION app.py:2: answer() returns a negative number" in warning.message
+    finalize_job(db, settings, job_id)
+    summary = (settings.jobs_dir / job_id / "summary.md").read_text()
+    assert f"## Warnings\n\n- {warning.message}" in summary
     assert warning.data["policy"] == "warn"
 
 
