@@ -45,7 +45,7 @@ from merlin_flow.repository import (
 )
 from merlin_flow.requests import Classification, RequestKind, classify
 from merlin_flow.settings import Settings
-from merlin_flow.specs import constraints_text, load_specs, relevant
+from merlin_flow.specs import relevant_constraints
 from merlin_flow.store import Database, Job, JobStatus, utcnow
 from merlin_flow.submission import (
     add_steps,
@@ -57,6 +57,8 @@ from merlin_flow.submission import (
 from merlin_flow.tasklist import TaskList
 
 TITLE_CHARS = 80
+SPEC_CHARS = 6000
+"""The most the relevant specs' constraints may take of the planner's prompt."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,8 @@ def submit_request(
     if check_tiers:
         require_a_usable_tier(config)
     kind = classify(request)
-    if kind.files:
-        request_context(repository, base, config, request)(kind)  # a missing @path: refused
+    if kind.files:  # a missing @path is refused before anything is written
+        read_context(repository.path, base, kind.files, config.planning.context_tokens)
     job_id = new_job_id()
     with db.session() as session:
         session.add(
@@ -135,15 +137,12 @@ def request_context(
     """What ``make_plan`` reads of the repository: attached files, README, tree, specs."""
 
     def read(kind: Classification) -> RepositoryContext:
-        specs = load_specs(repository.path, base, config.specs.paths)
-        chosen = relevant(request, specs, config.specs.top)
-        return read_context(
-            repository.path,
-            base,
-            kind.files,
-            config.planning.context_tokens,
-            constraints_text(chosen),
+        specs = config.specs
+        constraints, _paths = relevant_constraints(
+            repository.path, base, specs.paths, specs.top, request, SPEC_CHARS
         )
+        budget = config.planning.context_tokens
+        return read_context(repository.path, base, kind.files, budget, constraints)
 
     return read
 

@@ -28,7 +28,7 @@ from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.errors import GitError, MerlinError
 from merlin_flow.llm import Completion, ModelCall, complete
 from merlin_flow.model_errors import examine
-from merlin_flow.specs import constraints_text, load_specs, relevant
+from merlin_flow.specs import relevant_constraints
 
 log = logging.getLogger(__name__)
 
@@ -149,13 +149,12 @@ def spec_constraints(
 
     No spec, or none relevant with constraint sections: ``("", [])``.
     """
+    specs = config.specs
     try:
-        specs = load_specs(git_dir, commit, config.specs.paths)
+        return relevant_constraints(git_dir, commit, specs.paths, specs.top, query, limit)
     except GitError as exc:  # an unreadable spec never stops a step
         log.warning("specs not read at %s: %s", commit[:10], exc)
         return "", []
-    chosen = [spec for spec in relevant(query, specs, config.specs.top) if spec.constraints()]
-    return constraints_text(chosen, limit), [spec.path for spec in chosen]
 
 
 def with_spec_constraints(

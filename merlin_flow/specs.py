@@ -120,3 +120,16 @@ def constraints_text(specs: list[Spec], limit_chars: int = 6000) -> str:
             parts.append(f"--- {spec.path} ({spec.title}) ---\n{body}")
     text = "\n\n".join(parts)
     return text if len(text) <= limit_chars else text[:limit_chars] + "\n[... cut]"
+
+
+def relevant_constraints(
+    git_dir: Path, commit: str, paths: list[str], top: int, query: str, limit_chars: int
+) -> tuple[str, list[str]]:
+    """The constraints of the ``top`` specs at ``commit`` most relevant to ``query``.
+
+    As a prompt shows them (``constraints_text``, at most ``limit_chars``), with the paths
+    of the specs that gave some; ``("", [])`` when none did.
+    """
+    specs = load_specs(git_dir, commit, paths)
+    chosen = [spec for spec in relevant(query, specs, top) if spec.constraints()]
+    return constraints_text(chosen, limit_chars), [spec.path for spec in chosen]
