@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.agent import StepBrief, run_agent
-from merlin_flow.budget import BudgetGuard
+from merlin_flow.budget import job_guard
 from merlin_flow.config import MerlinConfig, SandboxMode
 from merlin_flow.credentials import tier_access
 from merlin_flow.environment import (
@@ -211,17 +211,16 @@ def _work_in_worktree(
     worktree = held.worktree(f"{held.step_key}-{plan.number}")
     excludes = write_excludes_file(held.settings.home_dir / "commit-excludes")
     environment = step_environment(held, repository, plan.start_commit)
+    guard = job_guard(held.db, held.job_id, plan.budget_usd, config.limits)
     add_worktree(repository.path, worktree, plan.start_commit)
     try:
         prepare_worktree(environment, worktree)
         seqs = itertools.count(plan.calls_so_far)
-        guard = BudgetGuard(
-            held.db, held.job_id, plan.budget_usd, config.limits.expected_completion_tokens
-        )
         context = CallContext(held.job_id, held.step_id, plan.attempt_id, plan.run, tier)
 
         def on_call(turn: int, reply: Completion | None, error: BaseException | None) -> None:
             record_call(held.db, context, next(seqs), turn, reply, error)
+            guard.release()  # the journal now holds the call's cost: its estimate goes
 
         def on_progress(messages: list[dict[str, Any]]) -> None:
             # The conversation so far, for `merlin logs --follow` and `merlin watch`.
@@ -275,6 +274,7 @@ def _work_in_worktree(
         if error is None and edits and same_tree(worktree, commit, plan.start_commit):
             error = NO_CHANGES.format(turns=turns)
     finally:
+        guard.release_quietly()
         remove_worktree(repository.path, worktree)
     return _AttemptEnd(commit, summary, error, turns, transcript)
 
@@ -392,6 +392,8 @@ def _open_attempt(session: Session, config: MerlinConfig, job: Job, step: Step) 
         return latest
     kind = AttemptKind(step.next_kind)
     tier = config.tiers[step.tier_index]
+    if kind in (AttemptKind.ESCALATE, AttemptKind.INTEGRATE):
+        step.base_commit = job.head_commit  # afresh: with the work of siblings that passed
     start = step.base_commit or job.head_commit
     if kind is AttemptKind.FIX and latest is not None:
         start = latest.commit or latest.start_commit

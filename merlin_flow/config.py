@@ -129,6 +129,8 @@ class Limits(BaseModel):
     """Completion tokens a job's first call is assumed to cost, for budget checks."""
     lease_seconds: float = Field(default=60.0, gt=0)
     """A worker's claim on a step lasts this long; it renews it every third of it."""
+    max_parallel_steps: int = Field(default=4, ge=1)
+    """Steps of one job that may run at once (those whose dependencies have passed)."""
 
 
 class Routing(BaseModel):

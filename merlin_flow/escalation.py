@@ -6,8 +6,9 @@ Failures come in four kinds (``merlin_flow.model_errors.examine`` reads a model 
   same model call is retried on the same tier after 0.5 s, 1 s, 2 s... up to
   ``max_retry_attempts``, within the turn's time; then it counts as a capability failure;
 - capability (verification failed, turn limit, tool errors, unparseable output, no
-  scripted reply): ``fix_attempts`` fixes on the same tier, then the next tier from the
-  step's base commit with the failures as feedback; after the last tier the step fails;
+  scripted reply, a change that did not integrate with its siblings'): ``fix_attempts``
+  fixes on the same tier, then the next tier from the job branch's head with the
+  failures as feedback; after the last tier the step fails;
 - access (no key, a bad login, a model that does not exist, no server at the endpoint):
   never retried and never fixed; the step goes straight to the next tier, or fails
   naming what is missing;
@@ -36,6 +37,13 @@ MODEL_UNREACHABLE = "model unreachable: "
 """How the error of an attempt that could not use its model starts (see ``failure_of``)."""
 
 
+INTEGRATE_GUIDANCE = (
+    "\nSteps of this job that ran beside this one passed first and moved the job branch. "
+    "The working tree is now the branch's head, with their work in it: make this step's "
+    "change again on this tree, keeping their work."
+)
+
+
 class AttemptKind(StrEnum):
     """Why an attempt was made."""
 
@@ -44,7 +52,11 @@ class AttemptKind(StrEnum):
     FIX = "fix"
     """Same tier again, continuing from the failed attempt's commit."""
     ESCALATE = "escalate"
-    """The next tier, from the step's base commit, with the failures as feedback."""
+    """The next tier, from the job branch's head, with the failures as feedback."""
+    INTEGRATE = "integrate"
+    """Same tier again, from the job branch's head: the last attempt passed alone, but
+    not merged with the work of steps that passed beside it (``merlin_flow.integration``).
+    Counted like a fix."""
 
 
 class FailureKind(StrEnum):
@@ -129,7 +141,7 @@ def decide(
         return Decision(Action.FAIL_STEP, tier_index, failure.reason)
     fixes = 0
     for attempt in reversed(attempts):
-        if attempt.kind != AttemptKind.FIX:
+        if attempt.kind not in (AttemptKind.FIX, AttemptKind.INTEGRATE):
             break
         fixes += 1
     if fixes < limits.fix_attempts:
@@ -173,6 +185,8 @@ def feedback_for(kind: AttemptKind, attempts: list[Attempt]) -> str | None:
     if kind is AttemptKind.FIX:
         text = _describe(failed[-1], FEEDBACK_CHARS)
         return text + "\nYour earlier changes are in the working tree: repair them."
+    if kind is AttemptKind.INTEGRATE:
+        return _describe(failed[-1], FEEDBACK_CHARS) + INTEGRATE_GUIDANCE
     parts = [_describe(a, OLDER_ATTEMPT_CHARS) for a in failed[:-1]]
     parts.append(_describe(failed[-1], FEEDBACK_CHARS))
     text = "\n\n".join(parts)

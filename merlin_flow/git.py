@@ -189,3 +189,47 @@ def commits_between(repo: Path, old: str, new: str) -> list[str]:
     """Commits reachable from ``new`` but not ``old``, oldest first."""
     out = git("rev-list", "--reverse", f"{old}..{new}", cwd=repo)
     return [line for line in out.splitlines() if line]
+
+
+def is_ancestor(repo: Path, older: str, newer: str) -> bool:
+    """True when ``older`` is ``newer`` or one of its ancestors."""
+    proc = run_git(["merge-base", "--is-ancestor", older, newer], repo)
+    return proc.returncode == 0
+
+
+def merge_commit_onto(repo: Path, onto: str, commit: str, message: str) -> tuple[str | None, str]:
+    """Apply the changes ``commit`` made since its merge base with ``onto``, onto ``onto``.
+
+    A three-way merge (``git merge-tree --write-tree``) in the object store only: no
+    worktree, no index. Returns the new commit (its single parent ``onto``) and "", or
+    None and git's account of the conflicts (the files, and a line per conflict).
+    """
+    proc = run_git(["merge-tree", "--write-tree", "--no-messages", onto, commit], repo)
+    if proc.returncode not in (0, 1):
+        raise GitError(f"git merge-tree {onto} {commit} failed in {repo}: {proc.stderr.strip()}")
+    if proc.returncode == 1:
+        return None, _conflicts(repo, onto, commit)
+    tree = proc.stdout.split()[0]
+    new = git("commit-tree", tree, "-p", onto, "-m", message, cwd=repo)
+    return new, ""
+
+
+def _conflicts(repo: Path, onto: str, commit: str, chars: int = 3000) -> str:
+    """Git's conflict messages, then each conflicted file's hunks with their markers."""
+    proc = run_git(["merge-tree", "--write-tree", "--name-only", onto, commit], repo)
+    tree, *rest = proc.stdout.split("\n")
+    blank = rest.index("") if "" in rest else len(rest)
+    files, messages = rest[:blank], [line for line in rest[blank:] if line.startswith("CONFLICT")]
+    parts = ["\n".join(messages)]
+    for name in files[:5]:
+        text = git("cat-file", "-p", f"{tree}:{name}", cwd=repo, check=False)
+        hunks, inside = [], False
+        for line in text.splitlines():
+            inside = inside or line.startswith("<<<<<<<")
+            if inside:
+                hunks.append(line)
+            if line.startswith(">>>>>>>"):
+                inside = False
+        if hunks:
+            parts.append(f"--- {name}\n" + "\n".join(hunks))
+    return "\n".join(part for part in parts if part)[:chars]

@@ -29,6 +29,7 @@ from merlin_flow.errors import (
     SetupFailed,
 )
 from merlin_flow.git import diff, remove_worktree
+from merlin_flow.graph import blocked_reason, dependents, is_complete, is_finished, runnable
 from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values
 from merlin_flow.reports import job_summary
 from merlin_flow.repository import JobRepository, repository_of
@@ -77,6 +78,16 @@ class PlannedTask:
     name: TaskName
     step_key: str | None = None
     """The step it works on; None for the finalize."""
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """What the end of a step set in motion: the steps it let start, and the job's end."""
+
+    start: tuple[str, ...] = ()
+    """Steps whose dependencies have now all passed, queued for a worker, in file order."""
+    finalize: bool = False
+    """Every step has finished (or the job ended): the job is to be finalized."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +242,42 @@ def end_job_in_session(
                 later.lease_owner = later.lease_expires_at = None
 
 
+def start_runnable(session: Session, job: Job, handoff_seconds: float) -> Dispatch:
+    """Queue the steps whose dependencies have all passed; say whether the job finished.
+
+    Called under the job's lock (``lock_job``) when a step ends, so that of two siblings
+    ending at once, the second sees both passed and queues the step that needs both.
+    """
+    limit = MerlinConfig.model_validate(job.config).limits.max_parallel_steps
+    started = runnable(job.steps, limit)
+    for step in started:
+        for key, value in queued_values(handoff_seconds).items():
+            setattr(step, key, value)
+    finished = is_finished(step.status for step in job.steps)
+    return Dispatch(tuple(step.key for step in started), finished)
+
+
+def fail_step_in_session(session: Session, job: Job, step: Step, reason: str) -> None:
+    """A step with ``on_failure: continue`` failed: it fails alone, and what needs it skips."""
+    now = utcnow()
+    step.status = StepStatus.FAILED
+    step.error = reason
+    step.finished_at = now
+    step.phase = Phase.DONE
+    step.lease_owner = step.lease_expires_at = None
+    close_open_attempts(step, AttemptStatus.ERROR, now, reason)
+    add_event(session, job.id, "step_failed", reason, step.key)
+    for later in dependents(job.steps, step.key):
+        if later.status not in FINISHED_STEP_STATUSES:
+            why = blocked_reason(job.steps, later) or f"needs {step.key}, which failed"
+            later.status = StepStatus.SKIPPED
+            later.result = f"skipped: {why}"
+            later.phase = Phase.DONE
+            later.finished_at = now
+            later.lease_owner = later.lease_expires_at = None
+            add_event(session, job.id, "step_skipped", later.result, later.key)
+
+
 def fail_job(
     db: Database, settings: Settings, job_id: str, step_key: str | None, token: str, reason: str
 ) -> bool:
@@ -273,10 +320,13 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             return job.status
         statuses = [step.status for step in job.steps]
         if job.status not in FINAL_JOB_STATUSES:
-            done = all(s in (StepStatus.COMPLETED, StepStatus.SKIPPED) for s in statuses)
-            if not done:
+            if not is_finished(statuses):
                 return job.status  # a stale finalize: steps are still running
-            job.status = JobStatus.COMPLETED
+            if is_complete(statuses):
+                job.status = JobStatus.COMPLETED
+            else:
+                job.status = JobStatus.PARTIALLY_COMPLETED
+                job.error = _not_passed(job)
         elif any(_held_by_a_worker(step) for step in _lock_steps(session, job_id)):
             return job.status  # ended (cancelled) while a worker runs a step: it will finalize
         else:
@@ -301,26 +351,39 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         return job.status
 
 
-def remaining_tasks(db: Database, job_id: str) -> list[PlannedTask]:
-    """What is left of a job, in order: each unfinished step's attempt and verdict, finalize."""
+def remaining_tasks(db: Database, job_id: str, only: str | None = None) -> list[list[PlannedTask]]:
+    """The messages a job waits for, one list per chain to publish.
+
+    Each step queued for its next task (a ``QUEUED`` lease) gets its attempt and verdict,
+    or its verdict alone when its attempt awaits one; a job with nothing left to run gets
+    its finalize. ``only`` limits it to one step.
+    """
     with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None or job.finished_at is not None:
             return []
-        tasks: list[PlannedTask] = []
-        if job.status not in FINAL_JOB_STATUSES:
-            for step in job.steps:
-                if step.status in FINISHED_STEP_STATUSES:
-                    continue
-                if not tasks and step.phase == Phase.VERIFY:
-                    tasks.append(PlannedTask(TaskName.VERIFY, step.key))
-                    continue
-                tasks += [
-                    PlannedTask(TaskName.STEP, step.key),
-                    PlannedTask(TaskName.VERIFY, step.key),
-                ]
-        tasks.append(PlannedTask(TaskName.FINALIZE))
-        return tasks
+        if job.status in FINAL_JOB_STATUSES or is_finished(step.status for step in job.steps):
+            return [[PlannedTask(TaskName.FINALIZE)]]
+        chains: list[list[PlannedTask]] = []
+        for step in job.steps:
+            if step.status in FINISHED_STEP_STATUSES or step.lease_owner != QUEUED:
+                continue
+            if only is not None and step.key != only:
+                continue
+            verify = PlannedTask(TaskName.VERIFY, step.key)
+            attempt = PlannedTask(TaskName.STEP, step.key)
+            chains.append([verify] if step.phase == Phase.VERIFY else [attempt, verify])
+        return chains
+
+
+def _not_passed(job: Job) -> str:
+    """Which steps of a finished job did not pass: ``failed: c; skipped: d``."""
+    parts = []
+    for status, word in ((StepStatus.FAILED, "failed"), (StepStatus.SKIPPED, "skipped")):
+        keys = [step.key for step in job.steps if step.status == status]
+        if keys:
+            parts.append(f"{word}: {', '.join(keys)}")
+    return "; ".join(parts)
 
 
 def _lock_steps(session: Session, job_id: str) -> list[Step]:

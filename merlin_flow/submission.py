@@ -21,6 +21,7 @@ from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import ConfigError, InputError
 from merlin_flow.exit_commands import exit_command_for
 from merlin_flow.git import job_branch, uncommitted_files
+from merlin_flow.graph import dependencies, runnable
 from merlin_flow.leases import queued_values
 from merlin_flow.lifecycle import add_event
 from merlin_flow.repository import (
@@ -196,10 +197,15 @@ def create_job(
 def add_steps(
     job: Job, tasklist: TaskList, config: MerlinConfig, commands: list[str], settings: Settings
 ) -> None:
-    """Give ``job`` a row per step, routed to its first tier; the first step is queued."""
+    """Give ``job`` a row per step, routed to its first tier; queue those that may start.
+
+    The steps that need no other are queued (``graph.runnable``: at most
+    ``max_parallel_steps`` of them).
+    """
     starts = [start_tier(step, config) for step in tasklist.steps]
-    for position, (step, (start, complexity), command) in enumerate(
-        zip(tasklist.steps, starts, commands, strict=True)
+    needs = dependencies(tasklist.steps)
+    for position, (step, (start, complexity), command, depends_on) in enumerate(
+        zip(tasklist.steps, starts, commands, needs, strict=True)
     ):
         row = Step(
             position=position,
@@ -209,17 +215,18 @@ def add_steps(
             verification=step.verification,
             exit_command=command,
             agent=step.agent,
-            depends_on=list(step.depends_on),
+            depends_on=depends_on,
+            on_failure=(step.on_failure or tasklist.on_failure).value,
             status=StepStatus.PENDING,
             phase=Phase.ATTEMPT,
             tier_index=start,
             complexity=complexity.value,
             next_kind="execute",
         )
-        if position == 0:
-            for key, value in queued_values(settings.handoff_seconds).items():
-                setattr(row, key, value)
         job.steps.append(row)
+    for row in runnable(job.steps, config.limits.max_parallel_steps):
+        for key, value in queued_values(settings.handoff_seconds).items():
+            setattr(row, key, value)
 
 
 def default_exit_commands(tasklist: TaskList, config: MerlinConfig, files: Path) -> list[str]:

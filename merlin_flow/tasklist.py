@@ -30,6 +30,15 @@ from merlin_flow.errors import TaskListError
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
 
+class OnFailure(StrEnum):
+    """What a step's failure (every tier tried) does to the rest of its job."""
+
+    STOP = "stop"
+    """The job fails; steps running beside it are cancelled at their next call."""
+    CONTINUE = "continue"
+    """The steps that need it are skipped; the other branches go on."""
+
+
 class StepType(StrEnum):
     """What kind of work a step is; it picks the default exit command."""
 
@@ -71,7 +80,10 @@ class TaskStep(BaseModel):
     tier: str | None = None
     """Model tier to start on, overriding the default (must name a configured tier)."""
     depends_on: list[str] = Field(default_factory=list)
-    """Ids of earlier steps this one needs."""
+    """Ids of earlier steps this one needs: it starts once they all passed. When no step
+    of the list names any, each step needs the one before it."""
+    on_failure: OnFailure | None = None
+    """`stop` or `continue` when the step fails on every tier (default: the list's)."""
     spec_check: bool = False
     """Check the step's diff against the relevant specs after its exit command passes:
     violations fail the verification (`enforce`), or only warn when `[specs] check` is
@@ -93,7 +105,9 @@ class TaskList(BaseModel):
     title: str = Field(min_length=1)
     """A one-line summary of the whole job."""
     steps: list[TaskStep] = Field(default_factory=list)
-    """The steps, run in this order."""
+    """The steps; they run in this order unless some name `depends_on` (a graph)."""
+    on_failure: OnFailure = OnFailure.STOP
+    """What a failed step does to the job, for steps that do not say: `stop` or `continue`."""
 
     @model_validator(mode="before")
     @classmethod

@@ -1,7 +1,8 @@
 """The verify task's work: run the step's exit command on the last attempt, and decide.
 
-A pass moves the job branch to the attempt's commit and hands the next step to the
-queue; a failure plans a fix or an escalation (``escalation.decide``), or ends the job
+A pass moves the job branch to the attempt's commit (merged and verified again when
+steps beside it moved the branch: ``merlin_flow.integration``) and queues the steps it
+lets start; a failure plans a fix or an escalation (``escalation.decide``), or ends the job
 when no tier is left or the budget cannot pay for the next one. Every write is made
 under the job's lock and while holding the step's lease.
 """
@@ -11,15 +12,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.agent import first_messages
 from merlin_flow.attempt import step_brief, step_environment
 from merlin_flow.budget import BudgetGuard
-from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.config import MerlinConfig
 from merlin_flow.environment import prepare_worktree, step_confinement
 from merlin_flow.errors import BudgetExceeded, LeaseLost, SetupFailed
 from merlin_flow.escalation import (
@@ -33,34 +32,34 @@ from merlin_flow.escalation import (
 )
 from merlin_flow.exit_commands import run_exit_command
 from merlin_flow.git import add_worktree, diff, remove_worktree
-from merlin_flow.journal import CallContext, record_call
-from merlin_flow.leases import Heartbeat, queued_values
+from merlin_flow.integration import (
+    INTEGRATION_FAILED,
+    Integration,
+    commands_to_reverify,
+    failure_details,
+    integrate,
+)
+from merlin_flow.leases import Heartbeat
 from merlin_flow.lifecycle import (
+    Dispatch,
     HeldStep,
     Outcome,
     add_event,
     end_job_in_session,
     fail_job_in_session,
+    fail_step_in_session,
     finalize_job,
     hand_off,
     load_step,
     lock_job,
     release_step,
+    start_runnable,
 )
-from merlin_flow.llm import Completion, complete
 from merlin_flow.process import CommandResult
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
-from merlin_flow.spec_check import (
-    CHECK_CHARS,
-    CheckResult,
-    Policy,
-    SpecOutcome,
-    parse_answer,
-    policy,
-    run_check,
-    spec_constraints,
-)
+from merlin_flow.spec_check import SpecOutcome
+from merlin_flow.spec_review import review_attempt
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     Attempt,
@@ -68,19 +67,18 @@ from merlin_flow.store import (
     Database,
     Job,
     JobStatus,
-    LlmCall,
     Phase,
     Step,
     StepStatus,
     utcnow,
 )
-from merlin_flow.tasklist import StepType
+from merlin_flow.tasklist import OnFailure, StepType
 from merlin_flow.tools import TOOL_SCHEMAS
 
 log = logging.getLogger(__name__)
 
-SPEC_CHECK_TURN = -1
-"""The journal's turn for the spec check's call: after the attempt, never replayed."""
+MAX_INTEGRATIONS = 5
+"""Merges of one passed step onto a branch that kept moving, before the attempt fails."""
 
 
 @dataclass(frozen=True)
@@ -93,12 +91,17 @@ class _Verdict:
     exit_code: int | None  # None: the exit command did not run (agent error, or re-recording)
     output: str
     spec: SpecOutcome | None = None  # the spec check, when one ran after a passed command
+    integration: Integration | None = None  # one that failed: a conflict, a failed re-run
 
     def record_on(self, attempt: Attempt) -> None:
         if self.exit_code is not None:
             attempt.exit_code, attempt.output_tail = self.exit_code, self.output
         if self.spec is not None and self.spec.fails:
             attempt.error = self.spec.error()
+        if self.integration is not None:
+            attempt.error = self.integration.error
+            attempt.exit_code = self.integration.exit_code
+            attempt.output_tail = self.integration.details
         attempt.finished_at = attempt.finished_at or utcnow()
 
     def record_spec_check(self, session: Session, attempt: Attempt) -> None:
@@ -121,19 +124,23 @@ class _Verdict:
 
 def verify_step(
     db: Database, settings: Settings, job_id: str, step_key: str, token: str
-) -> Outcome:
-    """Run the exit command on the last attempt's commit and decide what follows."""
+) -> tuple[Outcome, Dispatch]:
+    """Run the exit command on the last attempt's commit and decide what follows.
+
+    The ``Dispatch`` names the steps the verdict let start and whether the job finished.
+    """
     with db.reader() as session:
         job, step = load_step(session, job_id, step_key)
         if job is None or step is None or job.status in FINAL_JOB_STATUSES:
-            return Outcome.STOP
+            return Outcome.STOP, Dispatch()
         if step.phase != Phase.VERIFY:
-            return Outcome.STOP
+            return Outcome.STOP, Dispatch()
         held = HeldStep(
             db, settings, job_id, step_key, step.id, token, MerlinConfig.model_validate(job.config)
         )
         location, branch = job.repo, job.branch
     repository = repository_of(location, settings)
+    decided: list[Dispatch] = []
 
     def judge_and_decide(heartbeat: Heartbeat) -> Outcome:
         verdict = _judge(held, repository)
@@ -142,9 +149,15 @@ def verify_step(
         if heartbeat.lost:
             raise LeaseLost(f"step {step_key}: lease lost during verification")
         # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
-        return _pass(verdict, repository, branch) if verdict.passed else _fail(verdict)
+        if verdict.passed:
+            outcome, dispatch = _integrate_and_pass(verdict, repository, branch, heartbeat)
+        else:
+            outcome, dispatch = _fail(verdict)
+        decided.append(dispatch)
+        return outcome
 
-    return held.work(Phase.VERIFY, judge_and_decide)
+    outcome = held.work(Phase.VERIFY, judge_and_decide)
+    return outcome, decided[-1] if decided else Dispatch()
 
 
 def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
@@ -183,83 +196,71 @@ def _run_in_worktree(
 
 
 def _spec_check(verdict: _Verdict, repository: JobRepository) -> _Verdict:
-    """Check the passed attempt's diff against the relevant specs (``spec_check``).
-
-    The diff is the step's whole change (its base commit to the attempt's commit): a fix
-    attempt is checked with the changes of the attempts it builds on.
-    """
-    held = verdict.held
-    with held.db.reader() as session:
-        job = session.get_one(Job, held.job_id)
-        step = session.get_one(Step, held.step_id)
-        attempt = session.get_one(Attempt, verdict.attempt_id)
-        steps = job.tasklist.get("steps", [])
-        flagged = any(s.get("id") == step.key and s.get("spec_check") for s in steps)
-        base, commit = step.base_commit or attempt.start_commit, attempt.commit
-        description, budget, run = step.description, job.budget_usd, attempt.runs
-        original = _original_check(session, job, step, attempt) if job.replay_of else None
-        replaying = job.replay_of is not None
-    mode = policy(held.config, flagged)
-    if mode is Policy.OFF or not commit:
+    """The passed attempt, checked against the relevant specs (``spec_review``)."""
+    outcome = review_attempt(verdict.held, verdict.attempt_id, repository)
+    if outcome is None:
         return verdict
-    constraints, paths = spec_constraints(
-        repository.path, base, held.config, description, CHECK_CHARS
-    )
-    patch = diff(repository.path, base, commit)
-    if not constraints or not patch.strip():
-        return verdict
-    tier = held.config.spec_check_tier()
-    guard = BudgetGuard(held.db, held.job_id, budget, held.config.limits.expected_completion_tokens)
-    context = CallContext(held.job_id, held.step_id, verdict.attempt_id, run, tier)
-
-    def journaled(tier: Tier, messages: list[dict[str, Any]], tools: list[Any]) -> Completion:
-        guard.before_call(tier, messages, tools)  # refused: the check could not run
-        with held.db.reader() as session:
-            last = session.scalar(
-                select(func.max(LlmCall.seq)).where(LlmCall.attempt_id == verdict.attempt_id)
-            )
-        seq = 0 if last is None else last + 1
-        try:
-            reply = complete(tier, messages, tools)
-        except Exception as exc:
-            record_call(held.db, context, seq, SPEC_CHECK_TURN, None, exc)
-            raise
-        record_call(held.db, context, seq, SPEC_CHECK_TURN, reply, None)
-        return reply
-
-    if replaying:  # a replay answers from its original's journal only: no live call
-        missing = "spec check could not run: the original job made no such check"
-        result = parse_answer(original) if original is not None else CheckResult(note=missing)
-    else:
-        result = run_check(tier, constraints, patch, journaled)
-    outcome = SpecOutcome(mode, tuple(paths), result)
     return replace(verdict, passed=not outcome.fails, spec=outcome)
 
 
-def _original_check(session: Session, job: Job, step: Step, attempt: Attempt) -> str | None:
-    """For a replay job: the answer the original job's spec check got, for this attempt."""
-    response = session.scalars(
-        select(LlmCall.response)
-        .join(Attempt, LlmCall.attempt_id == Attempt.id)
-        .join(Step, Attempt.step_id == Step.id)
-        .where(
-            Step.job_id == job.replay_of,
-            Step.key == step.key,
-            Attempt.number == attempt.number,
-            LlmCall.turn == SPEC_CHECK_TURN,
-            LlmCall.error.is_(None),
-        )
-        .order_by(LlmCall.seq.desc())
-    ).first()
-    return None if response is None else str(response.get("content") or "")
+def _integrate_and_pass(
+    verdict: _Verdict, repository: JobRepository, branch: str, heartbeat: Heartbeat
+) -> tuple[Outcome, Dispatch]:
+    """Move the branch to the passed commit, merged and verified again if the branch moved.
 
-
-def _pass(verdict: _Verdict, repository: JobRepository, branch: str) -> Outcome:
+    The branch may move again while the merged tree is verified (another sibling
+    passed): then the step's change is merged onto the new head, up to
+    ``MAX_INTEGRATIONS`` times.
+    """
     held = verdict.held
+    for _ in range(MAX_INTEGRATIONS):
+        with held.db.reader() as session:
+            job = session.get_one(Job, held.job_id)
+            step = session.get_one(Step, held.step_id)
+            attempt = session.get_one(Attempt, verdict.attempt_id)
+            onto, commit = job.head_commit, attempt.commit or attempt.start_commit
+            base = step.base_commit or attempt.start_commit
+            commands = commands_to_reverify(job.steps, step)
+            message = (
+                f"merlin({step.key}): {step.description.splitlines()[0][:72]}\n\n"
+                f"Job {held.job_id}, attempt {attempt.number}, merged onto {onto[:10]}."
+            )
+            worktree = held.worktree(f"{held.step_key}-{attempt.number}-merged")
+
+        def run(merged: str, command: str, worktree: Path = worktree) -> CommandResult:
+            try:
+                return _run_in_worktree(held, repository, merged, worktree, command)
+            except SetupFailed as exc:
+                return CommandResult(1, str(exc), timed_out=False, duration=0.0)
+
+        repository.have(held.job_id, onto, commit)
+        integration = integrate(repository.path, onto, commit, commands, message, run)
+        if heartbeat.lost:
+            raise LeaseLost(f"step {held.step_key}: lease lost during integration")
+        if integration.commit is None:
+            change = diff(repository.path, base, commit)
+            details = failure_details(integration.details, change)
+            failed = replace(integration, details=details)
+            return _fail(replace(verdict, passed=False, integration=failed))
+        decided = _pass(verdict, repository, branch, integration)
+        if decided is not None:
+            return decided
+    error = f"{INTEGRATION_FAILED}the job branch kept moving while the step was merged onto it"
+    failed = Integration(onto, None, error=error)
+    return _fail(replace(verdict, passed=False, integration=failed))
+
+
+def _pass(
+    verdict: _Verdict, repository: JobRepository, branch: str, integration: Integration
+) -> tuple[Outcome, Dispatch] | None:
+    """Move the branch and record the pass; None if the branch moved since ``integration``."""
+    held = verdict.held
+    commit = integration.commit or integration.onto
     with held.db.session() as session:
         job = lock_job(session, held.job_id)
+        if job.status not in FINAL_JOB_STATUSES and job.head_commit != integration.onto:
+            return None  # a sibling passed meanwhile: merge onto the new head
         attempt = session.get_one(Attempt, verdict.attempt_id)
-        commit = attempt.commit or attempt.start_commit
         release_step(session, held.step_id, held.token)
         step = session.get_one(Step, held.step_id)
         if job.status in FINAL_JOB_STATUSES:  # cancelled meanwhile: the branch stays
@@ -276,10 +277,10 @@ def _pass(verdict: _Verdict, repository: JobRepository, branch: str) -> Outcome:
             )
             fail_job_in_session(session, held.job_id, step, reason)
         else:
-            _complete(session, held.settings, job, step, attempt, verdict, commit)
-            return Outcome.CONTINUE
+            dispatch = _complete(session, held.settings, job, step, attempt, verdict, integration)
+            return Outcome.CONTINUE, dispatch
     finalize_job(held.db, held.settings, held.job_id)
-    return Outcome.STOP
+    return Outcome.STOP, Dispatch()
 
 
 def _complete(
@@ -289,9 +290,9 @@ def _complete(
     step: Step,
     attempt: Attempt,
     verdict: _Verdict,
-    commit: str,
-) -> None:
-    """Record a passed step, in the transaction that moved the job branch."""
+    integration: Integration,
+) -> Dispatch:
+    """Record a passed step where the branch moved; queue the steps its pass lets start."""
     now = utcnow()
     verdict.record_on(attempt)
     attempt.status = AttemptStatus.PASSED
@@ -299,9 +300,21 @@ def _complete(
     step.result = attempt.summary or f"verified by `{step.exit_command}`"
     step.error = None
     step.finished_at = now
-    job.head_commit = commit
+    job.head_commit = integration.commit or integration.onto
     job.updated_at = now
     verdict.record_spec_check(session, attempt)
+    if integration.merged:
+        commands = ", ".join(f"`{command}`" for command in integration.commands)
+        add_event(
+            session,
+            job.id,
+            "step_integrated",
+            f"step {step.key} merged onto {integration.onto[:10]} and verified again by {commands}",
+            step.key,
+            onto=integration.onto,
+            commit=job.head_commit,
+            commands=list(integration.commands),
+        )
     add_event(
         session,
         job.id,
@@ -309,18 +322,12 @@ def _complete(
         f"step {step.key} passed on tier {attempt.tier}",
         step.key,
     )
-    following = session.scalars(
-        select(Step)
-        .where(Step.job_id == job.id, Step.position > step.position)
-        .order_by(Step.position)
-    ).first()
-    if following is not None:
-        for key, value in queued_values(settings.handoff_seconds).items():
-            setattr(following, key, value)
+    return start_runnable(session, job, settings.handoff_seconds)
 
 
-def _fail(verdict: _Verdict) -> Outcome:
+def _fail(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
     held = verdict.held
+    dispatch = Dispatch()
     with held.db.session() as session:
         ended = lock_job(session, held.job_id).status in FINAL_JOB_STATUSES
         step = session.get_one(Step, held.step_id)
@@ -328,7 +335,7 @@ def _fail(verdict: _Verdict) -> Outcome:
         verdict.record_on(attempt)
         if attempt.status != AttemptStatus.ERROR:
             attempt.status = AttemptStatus.FAILED
-        if verdict.exit_code:
+        if verdict.exit_code and verdict.integration is None:
             add_event(
                 session,
                 held.job_id,
@@ -338,14 +345,26 @@ def _fail(verdict: _Verdict) -> Outcome:
                 attempt=attempt.number,
                 exit_code=verdict.exit_code,
             )
+        if verdict.integration is not None:
+            add_event(
+                session,
+                held.job_id,
+                "integration_failed",
+                attempt.error or INTEGRATION_FAILED,
+                step.key,
+                attempt=attempt.number,
+                onto=verdict.integration.onto,
+            )
         session.flush()
         verdict.record_spec_check(session, attempt)
         if ended:  # cancelled meanwhile: no fix, no escalation
             release_step(session, held.step_id, held.token)
-        elif _plan_next(session, verdict, step, attempt):
-            return Outcome.RETRY
-    finalize_job(held.db, held.settings, held.job_id)
-    return Outcome.STOP
+        else:
+            retrying, dispatch = _plan_next(session, verdict, step, attempt)
+            if retrying:
+                return Outcome.RETRY, dispatch
+    finalize_job(held.db, held.settings, held.job_id)  # waits while other steps run
+    return Outcome.STOP, dispatch
 
 
 def _verify_failure(job_id: str, step: Step, verdict: _Verdict) -> str:
@@ -358,10 +377,13 @@ def _verify_failure(job_id: str, step: Step, verdict: _Verdict) -> str:
     )
 
 
-def _plan_next(session: Session, verdict: _Verdict, step: Step, attempt: Attempt) -> bool:
-    """Plan a fix or an escalation (True), or end the job (False).
+def _plan_next(
+    session: Session, verdict: _Verdict, step: Step, attempt: Attempt
+) -> tuple[bool, Dispatch]:
+    """Plan a fix or an escalation (True), or end the step (False, and what that starts).
 
-    The job ends when the escalation cannot be paid for, or when every tier failed.
+    The job ends when the escalation cannot be paid for, or when every tier failed a
+    step whose ``on_failure`` is ``stop``; with ``continue``, the step fails alone.
     """
     held = verdict.held
     config = held.config
@@ -376,19 +398,25 @@ def _plan_next(session: Session, verdict: _Verdict, step: Step, attempt: Attempt
     if over_budget is not None:
         release_step(session, held.step_id, held.token)
         end_job_in_session(session, held.job_id, step, over_budget, JobStatus.BUDGET_EXCEEDED)
-        return False
+        return False, Dispatch()
     if nxt.action not in (Action.FIX, Action.ESCALATE):
         release_step(session, held.step_id, held.token)
         reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
+        if step.on_failure == OnFailure.CONTINUE:
+            job = session.get_one(Job, held.job_id)
+            fail_step_in_session(session, job, step, reason)
+            return False, start_runnable(session, job, held.settings.handoff_seconds)
         fail_job_in_session(session, held.job_id, step, reason)
-        return False
+        return False, Dispatch()
+    kind = nxt.attempt_kind
+    if kind is AttemptKind.FIX and verdict.integration is not None:
+        kind = AttemptKind.INTEGRATE  # from the branch's new head, not the attempt's commit
     to_tier = config.tiers[nxt.tier_index].name
     add_event(
         session,
         held.job_id,
         "escalated" if nxt.action is Action.ESCALATE else "fix_planned",
-        f"attempt {attempt.number} failed ({nxt.reason}); "
-        f"next: {nxt.attempt_kind} on tier {to_tier}",
+        f"attempt {attempt.number} failed ({nxt.reason}); next: {kind} on tier {to_tier}",
         step.key,
         from_tier=config.tiers[step.tier_index].name,
         to_tier=to_tier,
@@ -400,10 +428,10 @@ def _plan_next(session: Session, verdict: _Verdict, step: Step, attempt: Attempt
         held.token,
         Phase.ATTEMPT,
         held.settings.handoff_seconds,
-        next_kind=nxt.attempt_kind.value,
+        next_kind=kind.value,
         tier_index=nxt.tier_index,
     )
-    return True
+    return True, Dispatch()
 
 
 def _escalation_over_budget(

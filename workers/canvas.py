@@ -1,9 +1,16 @@
-"""The canvas of a job: ``step(s1) | verify(s1) | step(s2) | verify(s2) | ... | finalize``.
+"""The canvas of a job: a chain ``step(s) | verify(s)`` per step that may start, then finalize.
+
+A job starts with one chain per step that needs no other (a plain TaskList: its first
+step). When a step passes, its verify task queues the steps whose dependencies have now
+all passed and publishes a chain for each (``workers.tasks``), as children of itself:
+where the graph forks, one verify starts several chains; where it joins, the database
+decides (``lifecycle.start_runnable``, under the job's lock), so the step that needs two
+others starts once, after the second of them passed. The verify that ends the last step
+publishes the finalize.
 
 Escalation: when verification fails and another attempt is planned, the verify task
-publishes ``step(sN) | verify(sN)`` with the rest of its chain behind, and ends there
-(``workers.tasks``); the job goes on once the step passes. Which tier the new attempt
-runs on is read from the step's row, not carried in the message.
+publishes ``step(s) | verify(s)`` again and ends there. Which tier the new attempt runs
+on is read from the step's row, not carried in the message.
 
 Each message is labelled for Flower with its job, step, and the attempt and tier it is
 expected to work on, as the store says when the chain is made (``task_label``).
@@ -22,10 +29,10 @@ from workers.results import StepState, read_steps
 from workers.tasks import finalize_signature, step_signature, verify_signature
 
 
-def job_canvas(
+def task_chain(
     job_id: str, tasks: list[PlannedTask], steps: Mapping[str, StepState] | None = None
 ) -> Any:
-    """The chain for what is left of a job, as listed by ``remaining_tasks``.
+    """One chain of ``tasks`` (a step's attempt and verdict, or the finalize), labelled.
 
     ``steps`` (``read_steps``) gives the attempt and tier each message is labelled with.
     """
@@ -43,10 +50,21 @@ def job_canvas(
     return chain(*signatures)
 
 
-def enqueue_job(db: Database, job_id: str) -> bool:
-    """Publish the chain for what is left of ``job_id``; False if nothing is left."""
-    tasks = remaining_tasks(db, job_id)
-    if not tasks:
+def job_canvas(
+    job_id: str, chains: list[list[PlannedTask]], steps: Mapping[str, StepState] | None = None
+) -> list[Any]:
+    """The chains for what a job waits for, as listed by ``remaining_tasks``."""
+    return [task_chain(job_id, tasks, steps) for tasks in chains]
+
+
+def enqueue_job(db: Database, job_id: str, step_key: str | None = None) -> bool:
+    """Publish the chains ``job_id`` waits for (of ``step_key`` only, if given).
+
+    False if there is nothing to publish.
+    """
+    chains = remaining_tasks(db, job_id, step_key)
+    if not chains:
         return False
-    job_canvas(job_id, tasks, read_steps(db, job_id)).apply_async()
+    for signature in job_canvas(job_id, chains, read_steps(db, job_id)):
+        signature.apply_async()
     return True

@@ -40,7 +40,7 @@ def purge_delivered_messages(settings: Settings) -> int:
 
 def run_sweep(db: Database, settings: Settings) -> list[str]:
     """One sweep: re-enqueue lost steps, purge delivered broker rows."""
-    recovered = sweep(db, settings, lambda job_id: enqueue_job(db, job_id))
+    recovered = sweep(db, settings, lambda job_id, key: enqueue_job(db, job_id, key))
     if recovered:
         log.warning("recovery sweep re-enqueued jobs %s", ", ".join(recovered))
     purge_delivered_messages(settings)

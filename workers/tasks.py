@@ -5,6 +5,9 @@ database says is left (``merlin_flow.attempt``, ``merlin_flow.verdict``,
 ``merlin_flow.lifecycle``). Which queue a task goes to is stated once, in ``QUEUES``,
 and applied by the app's ``task_routes`` (``workers.app``).
 
+A verify that passes its step publishes a chain for each step the pass let start, and
+the finalize once every step has finished (``workers.canvas`` tells the whole shape).
+
 Each message is labelled and each task ends with a readable result, for Flower
 (``workers.results``). A failed verification that plans another attempt publishes
 ``step | verify`` with the rest of its chain behind, then ends in FAILURE naming what
@@ -26,7 +29,7 @@ from sqlalchemy.exc import DBAPIError
 from merlin_flow.attempt import execute_step
 from merlin_flow.errors import RemoteUnavailable
 from merlin_flow.leases import new_token
-from merlin_flow.lifecycle import Outcome, fail_job, finalize_job
+from merlin_flow.lifecycle import Dispatch, Outcome, TaskName, fail_job, finalize_job
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import (
     Database,
@@ -63,7 +66,7 @@ def runtime() -> tuple[Database, Settings]:
     return _runtime["db"], _runtime["settings"]
 
 
-def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
+def _guard(job_id: str, step_key: str, work: Any) -> Any:
     """Run ``work(db, settings, token)`` and turn unexpected errors into a decision.
 
     A database error is taken as passing (a failover, a lock timeout), and so is a git
@@ -74,8 +77,7 @@ def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
     db, settings = runtime()
     token = new_token()
     try:
-        outcome: Outcome = work(db, settings, token)
-        return outcome
+        return work(db, settings, token)
     except (DBAPIError, RemoteUnavailable):
         log.exception("job %s: database or git remote unreachable; recovered later", job_id)
         raise
@@ -89,9 +91,19 @@ def _guard(job_id: str, step_key: str, work: Any) -> Outcome:
 def _run(job_id: str, step_key: str, work: Any) -> Outcome:
     """``_guard``, with its Ignore (an unexpected error, logged) as STOP: the result says why."""
     try:
-        return _guard(job_id, step_key, work)
+        outcome: Outcome = _guard(job_id, step_key, work)
+        return outcome
     except Ignore:
         return Outcome.STOP
+
+
+def _run_verify(job_id: str, step_key: str) -> tuple[Outcome, Dispatch]:
+    """``_run`` for the verify task's work, which also says what it let start."""
+    try:
+        decided: tuple[Outcome, Dispatch] = _guard(job_id, step_key, _verify_work(job_id, step_key))
+        return decided
+    except Ignore:
+        return Outcome.STOP, Dispatch()
 
 
 # Labels and signatures: what Flower shows as a message's args.
@@ -119,6 +131,16 @@ def finalize_signature(job_id: str) -> Any:
 
 
 # The tasks.
+
+
+def _read_steps(job_id: str) -> dict[str, StepState]:
+    """The job's steps' states for labels; empty if they cannot be read."""
+    try:
+        db, _ = runtime()
+        return read_steps(db, job_id)
+    except Exception:
+        log.warning("job %s: steps not readable for the messages' labels", job_id)
+        return {}
 
 
 def _read_step(job_id: str, step_key: str) -> StepState | None:
@@ -160,11 +182,33 @@ def _queue_next_attempt(task: Any, job_id: str, step_key: str, after: StepState 
     retry.apply_async()
 
 
+def _publish(task: Any, job_id: str, dispatch: Dispatch) -> None:
+    """Publish a chain for each step ``dispatch`` let start, then the finalize if due.
+
+    They are children of ``task`` (its id their parent, its root theirs), so Flower shows
+    a job as one tree: where the graph forks, one verify has several chains below it.
+    """
+    if not (dispatch.start or dispatch.finalize):
+        return
+    lineage = {"parent_id": task.request.id, "root_id": task.request.root_id or task.request.id}
+    steps = {} if not dispatch.start else _read_steps(job_id)
+    for key in dispatch.start:
+        attempt, tier = steps[key].label(TaskName.STEP) if key in steps else (None, None)
+        chain(
+            step_signature(job_id, key, attempt, tier),
+            verify_signature(job_id, key, attempt, tier),
+        ).apply_async(**lineage)
+    if dispatch.finalize:
+        chain(finalize_signature(job_id)).apply_async(**lineage)
+
+
 def _attempt_work(job_id: str, step_key: str) -> Callable[[Database, Settings, str], Outcome]:
     return lambda db, settings, token: execute_step(db, settings, job_id, step_key, token)
 
 
-def _verify_work(job_id: str, step_key: str) -> Callable[[Database, Settings, str], Outcome]:
+def _verify_work(
+    job_id: str, step_key: str
+) -> Callable[[Database, Settings, str], tuple[Outcome, Dispatch]]:
     return lambda db, settings, token: verify_step(db, settings, job_id, step_key, token)
 
 
@@ -184,11 +228,12 @@ def verify_task(self: Any, job_id: str, step_key: str) -> str:
     A failed verification ends this task in FAILURE, its text naming what follows.
     """
     before = _read_step(job_id, step_key)
-    outcome = _run(job_id, step_key, _verify_work(job_id, step_key))
+    outcome, dispatch = _run_verify(job_id, step_key)
     after = _read_step(job_id, step_key)
     result = verify_result(step_key, before, after, outcome)
     if outcome is Outcome.RETRY:
         _queue_next_attempt(self, job_id, step_key, after)
+    _publish(self, job_id, dispatch)
     return _end(self, result, last=outcome is not Outcome.CONTINUE)
 
 

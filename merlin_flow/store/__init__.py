@@ -4,6 +4,7 @@ from merlin_flow.store.database import Database, open_database, upgrade
 from merlin_flow.store.models import (
     Attempt,
     Base,
+    BudgetHold,
     Event,
     Job,
     LlmCall,
@@ -30,6 +31,7 @@ __all__ = [
     "Attempt",
     "AttemptStatus",
     "Base",
+    "BudgetHold",
     "Database",
     "Event",
     "Job",

@@ -1,4 +1,4 @@
-"""SQLAlchemy models: jobs, steps, attempts, LLM calls, events and worker beats.
+"""SQLAlchemy models: jobs, steps, attempts, LLM calls, events, budget holds, worker beats.
 
 The database is the source of truth. Celery messages carry a job id and a step key and
 nothing else; a task starts by loading these rows. The schema is created and changed
@@ -99,6 +99,9 @@ class Step(Base):
     exit_command: Mapped[str] = mapped_column(Text)
     agent: Mapped[str | None] = mapped_column(String(128))
     depends_on: Mapped[list[str]] = mapped_column(JSON, default=list)
+    """The steps that must pass before this one starts (``merlin_flow.graph``)."""
+    on_failure: Mapped[str] = mapped_column(String(16), default="stop", server_default="stop")
+    """``stop``: the step's failure fails the job; ``continue``: its dependents are skipped."""
     status: Mapped[str] = mapped_column(String(16))
     # 'attempt': the next attempt must be made; 'verify': the last attempt awaits its
     # exit command; 'done': nothing more to do.
@@ -201,6 +204,22 @@ class Event(Base):
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class BudgetHold(Base):
+    """A live model call's estimated cost, held against its job's budget until it is paid.
+
+    Steps of one job run at once: each call holds its estimate, so two calls cannot
+    both spend the budget's last dollar. A hold its worker never released (killed
+    mid-call) stops counting at ``expires_at``.
+    """
+
+    __tablename__ = "budget_holds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    amount_usd: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[datetime] = mapped_column(DateTime)
 
 
 class WorkerBeat(Base):

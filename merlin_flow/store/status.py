@@ -21,7 +21,11 @@ class JobStatus(StrEnum):
     """Submitted; no worker has started a step."""
     RUNNING = "running"
     COMPLETED = "completed"
-    """Every step passed and the job was finalized."""
+    """Every step passed and the job was finalized: the job is *complete*."""
+    PARTIALLY_COMPLETED = "partially_completed"
+    """Every step *finished* (passed, failed or skipped), not every one passed: a step
+    with ``on_failure: continue`` failed and the steps that need it were skipped. The
+    branch holds the steps that passed."""
     FAILED = "failed"
     CANCELLED = "cancelled"
     BUDGET_EXCEEDED = "budget_exceeded"
@@ -33,6 +37,7 @@ class JobStatus(StrEnum):
 FINAL_JOB_STATUSES = frozenset(
     {
         JobStatus.COMPLETED,
+        JobStatus.PARTIALLY_COMPLETED,
         JobStatus.FAILED,
         JobStatus.CANCELLED,
         JobStatus.BUDGET_EXCEEDED,
@@ -41,7 +46,12 @@ FINAL_JOB_STATUSES = frozenset(
 )
 """A job with one of these statuses runs no more attempts (it may still be finalizing)."""
 RESUMABLE_JOB_STATUSES = frozenset(
-    {JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.BUDGET_EXCEEDED}
+    {
+        JobStatus.FAILED,
+        JobStatus.CANCELLED,
+        JobStatus.BUDGET_EXCEEDED,
+        JobStatus.PARTIALLY_COMPLETED,
+    }
 )
 """``merlin resume`` takes a job that ended with one of these."""
 
@@ -54,6 +64,7 @@ class StepStatus(StrEnum):
     COMPLETED = "Completed"
     FAILED = "Failed"
     SKIPPED = "Skipped"
+    """Never run: a step it depends on failed (``on_failure: continue``), or the job ended."""
 
 
 FINISHED_STEP_STATUSES = frozenset({StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED})

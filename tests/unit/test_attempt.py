@@ -36,7 +36,7 @@ def test_rate_limited_tier_retries_then_escalates(
     outcomes = []
     for n in range(3):
         outcomes.append(execute_step(db, settings, job_id, "s0", f"w:{n}a"))
-        outcomes.append(verify_step(db, settings, job_id, "s0", f"w:{n}b"))
+        outcomes.append(verify_step(db, settings, job_id, "s0", f"w:{n}b")[0])
     assert outcomes == [Outcome.CONTINUE, Outcome.RETRY] * 2 + [Outcome.CONTINUE] * 2
     view = job_view(db, job_id)
     attempts = view["steps"][0]["attempts"]

@@ -33,7 +33,7 @@ def test_cancel_between_phases_keeps_the_branch_and_finalizes_at_once(
     assert view["steps"][0]["status"] == "Skipped"
     assert view["steps"][0]["attempts"][0]["status"] == "cancelled"
     # The queued verify message arrives later: it does nothing.
-    assert verify_step(db, settings, job_id, "s0", "w:2") is Outcome.STOP
+    assert verify_step(db, settings, job_id, "s0", "w:2")[0] is Outcome.STOP
     assert git(py_repo, "rev-parse", f"merlin/{job_id}") == git(py_repo, "rev-parse", "main")
 
 

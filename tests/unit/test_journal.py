@@ -56,7 +56,7 @@ def test_the_response_cache_answers_identical_requests_across_jobs_for_free(
     def run(config: MerlinConfig) -> str:
         job_id = create_job(db, settings, tasklist, py_repo, config)
         assert execute_step(db, settings, job_id, "s0", f"{job_id}:a") is Outcome.CONTINUE
-        assert verify_step(db, settings, job_id, "s0", f"{job_id}:b") is Outcome.CONTINUE
+        assert verify_step(db, settings, job_id, "s0", f"{job_id}:b")[0] is Outcome.CONTINUE
         assert finalize_job(db, settings, job_id) == "completed"
         return job_id
 

@@ -97,7 +97,7 @@ def test_sweep_leaves_live_leases_alone(
     step = _step(db, job_id, "a")
     assert claim(db, step.id, "attempt", "worker-1", 30)
     enqueued: list[str] = []
-    assert sweep(db, settings, enqueued.append) == []
+    assert sweep(db, settings, lambda job, _key: enqueued.append(job)) == []
     assert enqueued == []
     assert _step(db, job_id, "a").lease_owner == "worker-1"
 
@@ -110,13 +110,13 @@ def test_sweep_recovers_then_gives_up_as_worker_lost(
     enqueued: list[str] = []
     for expected in (1, 2):
         _set_lease(db, step.id, f"dead-worker-{expected}", -1)
-        assert sweep(db, settings, enqueued.append) == [job_id]
+        assert sweep(db, settings, lambda job, _key: enqueued.append(job)) == [job_id]
         recovered = _step(db, job_id, "a")
         assert recovered.recoveries == expected
         assert recovered.lease_owner == QUEUED
     assert enqueued == [job_id, job_id]
     _set_lease(db, step.id, "dead-worker-3", -1)
-    assert sweep(db, settings, enqueued.append) == []
+    assert sweep(db, settings, lambda job, _key: enqueued.append(job)) == []
     view = job_view(db, job_id)
     assert view["status"] == "failed"
     assert "worker lost" in view["error"]
@@ -132,10 +132,10 @@ def test_sweep_requeues_a_stale_queued_step_without_counting(
     step = _step(db, job_id, "a")
     _set_lease(db, step.id, QUEUED, -1)
     enqueued: list[str] = []
-    assert sweep(db, settings, enqueued.append) == [job_id]
+    assert sweep(db, settings, lambda job, _key: enqueued.append(job)) == [job_id]
     assert _step(db, job_id, "a").recoveries == 0
     # A second sweep right after finds a fresh handoff lease and does nothing.
-    assert sweep(db, settings, enqueued.append) == []
+    assert sweep(db, settings, lambda job, _key: enqueued.append(job)) == []
     assert enqueued == [job_id]
 
 

@@ -44,5 +44,5 @@ def test_one_broken_job_does_not_stop_the_sweep(
             update(Step).where(Step.job_id == healthy).values(lease_expires_at=datetime(2000, 1, 1))
         )
     enqueued: list[str] = []
-    assert sweep(db, settings, enqueued.append) == [healthy]
+    assert sweep(db, settings, lambda job, _key: enqueued.append(job)) == [healthy]
     assert enqueued == [healthy]

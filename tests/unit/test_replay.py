@@ -46,7 +46,7 @@ def _work(db: Database, settings: Settings, job_id: str) -> None:
     """Work a one-step job to its end, as the step, verify and finalize tasks would."""
     for n in range(5):  # its attempts: execute, and any fix or escalation after it
         execute_step(db, settings, job_id, "s0", f"{job_id}:{n}a")
-        if verify_step(db, settings, job_id, "s0", f"{job_id}:{n}b") is not Outcome.RETRY:
+        if verify_step(db, settings, job_id, "s0", f"{job_id}:{n}b")[0] is not Outcome.RETRY:
             break
     finalize_job(db, settings, job_id)
 

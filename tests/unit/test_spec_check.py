@@ -21,10 +21,11 @@ from merlin_flow.spec_check import (
     policy,
     run_check,
 )
+from merlin_flow.spec_review import SPEC_CHECK_TURN
 from merlin_flow.store import Database, Event, LlmCall
 from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import SPEC_CHECK_TURN, verify_step
+from merlin_flow.verdict import verify_step
 from tests.conftest import make_repo
 
 V = Violation
@@ -176,7 +177,7 @@ def _run(db: Database, settings: Settings, job_id: str) -> list[Outcome]:
     outcomes = []
     for n in range(4):
         outcomes.append(execute_step(db, settings, job_id, "s0", f"w:{n}a"))
-        outcomes.append(verify_step(db, settings, job_id, "s0", f"w:{n}b"))
+        outcomes.append(verify_step(db, settings, job_id, "s0", f"w:{n}b")[0])
         if outcomes[-1] is not Outcome.RETRY:
             break
     return outcomes

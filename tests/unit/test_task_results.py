@@ -156,19 +156,21 @@ def test_the_canvas_labels_each_message(
     steps = read_steps(db, job_id)
     assert read_steps(db, "nosuchjob") == {}
     canvas = job_canvas(job_id, remaining_tasks(db, job_id), steps)
-    labels = [(sig.name, sig.options["argsrepr"], sig.args) for sig in canvas.tasks]
+    labels = [[(sig.name, sig.options["argsrepr"], sig.args) for sig in c.tasks] for c in canvas]
+    # A plain list is a sequence: only its first step is queued; the second follows its pass.
     assert labels == [
-        ("merlin.step", f"job={job_id} step=s0 attempt=1 tier=local", (job_id, "s0")),
-        ("merlin.verify", f"job={job_id} step=s0 attempt=1 tier=local", (job_id, "s0")),
-        ("merlin.step", f"job={job_id} step=s1 attempt=1 tier=local", (job_id, "s1")),
-        ("merlin.verify", f"job={job_id} step=s1 attempt=1 tier=local", (job_id, "s1")),
-        ("merlin.finalize", f"job={job_id}", (job_id,)),
+        [
+            ("merlin.step", f"job={job_id} step=s0 attempt=1 tier=local", (job_id, "s0")),
+            ("merlin.verify", f"job={job_id} step=s0 attempt=1 tier=local", (job_id, "s0")),
+        ]
     ]
     # Without the steps' states (or for a step it does not know), job and step only.
-    bare = job_canvas(job_id, [PlannedTask(TaskName.VERIFY, "s9"), PlannedTask(TaskName.FINALIZE)])
-    assert [sig.options["argsrepr"] for sig in bare.tasks] == [
-        f"job={job_id} step=s9",
-        f"job={job_id}",
+    bare = job_canvas(
+        job_id, [[PlannedTask(TaskName.VERIFY, "s9")], [PlannedTask(TaskName.FINALIZE)]]
+    )
+    assert [[sig.options["argsrepr"] for sig in c.tasks] for c in bare] == [
+        [f"job={job_id} step=s9"],
+        [f"job={job_id}"],
     ]
 
 
@@ -213,6 +215,8 @@ def test_the_tasks_of_an_escalating_job_end_as_flower_shows_them(
     assert step.result.startswith("attempt 3 (escalate) on premium: committed ")
     verify = run(worker_tasks.verify_task)
     assert (verify.state, verify.result) == ("SUCCESS", "passed")
+    # The last step passed: the verify publishes the finalize, as its child.
+    assert published.pop() == [("merlin.finalize", f"job={job_id}")]
     again = run(worker_tasks.verify_task)  # a message delivered twice
     assert again.result == "nothing to do: step s0 is Completed (done)"
     assert worker_tasks.finalize_task.apply(args=(job_id,)).result == "job completed"

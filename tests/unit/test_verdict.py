@@ -21,8 +21,8 @@ def test_step_then_verify_advances_the_branch(
     assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
     # A duplicate delivery of the same step message finds the phase moved on.
     assert execute_step(db, settings, job_id, "s0", "w:2") is Outcome.STOP
-    assert verify_step(db, settings, job_id, "s0", "w:3") is Outcome.CONTINUE
-    assert verify_step(db, settings, job_id, "s0", "w:4") is Outcome.STOP
+    assert verify_step(db, settings, job_id, "s0", "w:3")[0] is Outcome.CONTINUE
+    assert verify_step(db, settings, job_id, "s0", "w:4")[0] is Outcome.STOP
     assert finalize_job(db, settings, job_id) == "completed"
     assert "return 42" in git(py_repo, "show", f"merlin/{job_id}:app.py")
     assert not (settings.worktrees_dir / job_id).exists()
@@ -40,7 +40,7 @@ def test_a_moved_job_branch_fails_the_job_instead_of_being_overwritten(
     git(py_repo, "commit", "-qm", "other")
     git(py_repo, "branch", "-f", f"merlin/{job_id}", "main")
     moved_to = git(py_repo, "rev-parse", f"merlin/{job_id}")
-    assert verify_step(db, settings, job_id, "s0", "w:2") is Outcome.STOP
+    assert verify_step(db, settings, job_id, "s0", "w:2")[0] is Outcome.STOP
     view = job_view(db, job_id)
     assert view["status"] == "failed"
     assert "was moved by someone else" in view["error"]
