@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 from merlin_flow.costs import UNPRICED, CostFields, cost_fields
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.git import diff
+from merlin_flow.graph import is_complete, is_finished, waiting_on
 from merlin_flow.repository import repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
@@ -56,8 +57,15 @@ class StepView(TypedDict):
     tier: str | None
     complexity: str | None
     exit_command: str
+    depends_on: list[str]
+    """The steps that must pass before this one starts (a plain list: the one before)."""
+    waiting_on: list[str]
+    """Of those, the ones that have not passed yet."""
+    on_failure: str
+    """``stop`` or ``continue``: what this step's failure does to the job."""
     error: str | None
     result: str | None
+    """What the step did; for a skipped step, why it was skipped."""
     started_at: str | None
     finished_at: str | None
     deliveries: int
@@ -83,6 +91,10 @@ class JobView(CostFields):
     started_at: str | None
     finished_at: str | None
     progress: dict[str, int]
+    finished: bool
+    """Every step passed, failed or was skipped."""
+    complete: bool
+    """Every step passed."""
     steps: list[StepView]
     request: str | None
     """The request in plain words the job was made from (None for a TaskList's)."""
@@ -175,6 +187,9 @@ def job_view(db: Database, job_id: str) -> JobView:
                     "tier": tiers[step.tier_index] if step.tier_index < len(tiers) else None,
                     "complexity": step.complexity,
                     "exit_command": step.exit_command,
+                    "depends_on": list(step.depends_on or []),
+                    "waiting_on": waiting_on(job.steps, step),
+                    "on_failure": step.on_failure,
                     "error": step.error,
                     "result": step.result,
                     "started_at": _iso(step.started_at),
@@ -204,6 +219,8 @@ def job_view(db: Database, job_id: str) -> JobView:
             "started_at": _iso(job.started_at),
             "finished_at": _iso(job.finished_at),
             "progress": {"total": len(job.steps), **counts},
+            "finished": bool(job.steps) and is_finished(step.status for step in job.steps),
+            "complete": bool(job.steps) and is_complete(step.status for step in job.steps),
             "steps": steps,
             "request": job.request,
             "plan": job.plan,

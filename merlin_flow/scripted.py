@@ -10,6 +10,7 @@ no cursor is kept anywhere. Script format (documented for users in docs/scripted
         turn: 0             # optional: number of assistant messages already present
         reply:
           content: "text"
+          delay: 2.5          # optional: seconds to wait before answering
           tool_calls:
             - name: write_file
               arguments: {path: "calc.py", content: "..."}
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,8 @@ class ScriptedReply(BaseModel):
     tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
     error: str | None = None
     """Name of a litellm exception to raise instead of answering (see RAISABLE_ERRORS)."""
+    delay: float = Field(default=0.0, ge=0, le=600)
+    """Seconds to wait before answering, as a real model takes time to think."""
 
     @field_validator("error")
     @classmethod
@@ -169,6 +173,8 @@ def make_provider() -> Any:
                     model=f"{PROVIDER}/{model}",
                     llm_provider=PROVIDER,
                 )
+            if reply.delay:
+                time.sleep(reply.delay)
             if reply.error is not None:
                 error_class = getattr(litellm, reply.error)
                 raise error_class(

@@ -1,0 +1,303 @@
+"""Steps as a graph, driven directly (no Celery) on real git, real exit commands and SQLite.
+
+The worker tasks are called by hand in the order a busy fleet could run them: two
+siblings started from the same head, one passing before the other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from merlin_flow.attempt import execute_step
+from merlin_flow.config import Limits, MerlinConfig, Tier
+from merlin_flow.graph import dependencies, dependents, is_complete, is_finished, runnable
+from merlin_flow.jobs import job_view
+from merlin_flow.lifecycle import Dispatch, Outcome, finalize_job
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Event, Step
+from merlin_flow.submission import create_job
+from merlin_flow.tasklist import parse_tasklist
+from merlin_flow.verdict import verify_step
+from tests.conftest import git, make_repo
+
+
+def _write(path: str, content: str, match: str) -> dict[str, Any]:
+    return {
+        "match": match,
+        "turn": 0,
+        "reply": {
+            "tool_calls": [{"name": "write_file", "arguments": {"path": path, "content": content}}]
+        },
+    }
+
+
+def _job(
+    db: Database,
+    settings: Settings,
+    tmp_path: Path,
+    steps: list[dict[str, Any]],
+    rules: list[dict[str, Any]],
+    **tasklist: Any,
+) -> tuple[str, Path]:
+    import yaml
+
+    repo = make_repo(tmp_path / "repo", {"shared.txt": "x\n", "README": "r\n"})
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"rules": [*rules, {"reply": {"content": "done"}}]}))
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{script}")], limits=Limits(fix_attempts=1)
+    )
+    listed = parse_tasklist({"title": "graph", "steps": steps, **tasklist})
+    return create_job(db, settings, listed, repo, config), repo
+
+
+def _step(key: str, command: str, *needs: str, **more: Any) -> dict[str, Any]:
+    return {
+        "id": key,
+        "step_type": "Feature",
+        "description": f"do {key}",
+        "exit_command": command,
+        "depends_on": list(needs),
+        **more,
+    }
+
+
+def _run(db: Database, settings: Settings, job_id: str, key: str) -> tuple[Outcome, Dispatch]:
+    assert execute_step(db, settings, job_id, key, f"{key}:a") is Outcome.CONTINUE
+    return verify_step(db, settings, job_id, key, f"{key}:v")
+
+
+def _rows(db: Database, job_id: str) -> dict[str, Step]:
+    with db.reader() as session:
+        steps = session.scalars(select(Step).where(Step.job_id == job_id)).all()
+        for step in steps:
+            list(step.attempts)
+        return {step.key: step for step in steps}
+
+
+def _events(db: Database, job_id: str, kind: str) -> list[Event]:
+    with db.reader() as session:
+        return list(
+            session.scalars(select(Event).where(Event.job_id == job_id, Event.kind == kind))
+        )
+
+
+DIAMOND = [
+    _step("a", "grep -q A a.txt"),
+    _step("b", "grep -q B b.txt", "a"),
+    _step("c", "grep -q C c.txt", "a"),
+    _step("d", "sh -c 'grep -q B b.txt && grep -q C c.txt && grep -q D d.txt'", "b", "c"),
+]
+DIAMOND_RULES = [
+    _write("a.txt", "A\n", r"Step a \("),
+    _write("b.txt", "B\n", r"Step b \("),
+    _write("c.txt", "C\n", r"Step c \("),
+    _write("d.txt", "D\n", r"Step d \("),
+]
+
+
+def test_a_plain_list_is_a_sequence_and_a_graph_is_as_written() -> None:
+    plain = parse_tasklist({"title": "t", "steps": [_step(k, "true") for k in "abc"]})
+    assert dependencies(plain.steps) == [[], ["a"], ["b"]]  # every depends_on is []
+    graph = parse_tasklist({"title": "t", "steps": DIAMOND})
+    assert dependencies(graph.steps) == [[], ["a"], ["a"], ["b", "c"]]
+
+
+class _Node:
+    def __init__(self, key: str, status: str = "Pending", *needs: str, owner: str | None = None):
+        self.key, self.status, self.depends_on, self.lease_owner = key, status, list(needs), owner
+
+
+def test_runnable_steps_wait_for_every_dependency_and_the_limit() -> None:
+    steps = [
+        _Node("a", "Completed"),
+        _Node("b", "Pending", "a"),
+        _Node("c", "Pending", "a"),
+        _Node("d", "Pending", "b", "c"),
+        _Node("e", "Pending"),
+    ]
+    assert [s.key for s in runnable(steps, 4)] == ["b", "c", "e"]
+    assert [s.key for s in runnable(steps, 2)] == ["b", "c"]
+    steps[1].lease_owner = "queued"  # b is queued: it counts, and is not returned again
+    assert [s.key for s in runnable(steps, 2)] == ["c"]
+    steps[1].status = "InProgress"
+    steps[2].status = "Completed"
+    assert [s.key for s in runnable(steps, 4)] == ["e"]  # d still needs b
+    assert [s.key for s in dependents(steps, "b")] == ["d"]
+    assert [s.key for s in dependents(steps, "a")] == ["b", "c", "d"]
+    assert is_finished(["Completed", "Failed", "Skipped"])
+    assert not is_complete(["Completed", "Failed", "Skipped"])
+    assert not is_finished(["Completed", "Pending"])
+
+
+def test_a_diamond_runs_its_siblings_from_one_head_and_merges_the_second(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    job_id, repo = _job(db, settings, tmp_path, DIAMOND, DIAMOND_RULES)
+    assert job_view(db, job_id)["steps"][0]["depends_on"] == []
+    assert _run(db, settings, job_id, "a") == (Outcome.CONTINUE, Dispatch(("b", "c")))
+    # b and c start from the same head (a's), as two workers would run them.
+    assert execute_step(db, settings, job_id, "b", "b:a") is Outcome.CONTINUE
+    assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
+    rows = _rows(db, job_id)
+    assert rows["b"].attempts[0].start_commit == rows["c"].attempts[0].start_commit
+    assert verify_step(db, settings, job_id, "b", "b:v") == (Outcome.CONTINUE, Dispatch())
+    # c passed alone, on a branch b has moved: merged onto b, verified again, then d starts.
+    assert verify_step(db, settings, job_id, "c", "c:v") == (Outcome.CONTINUE, Dispatch(("d",)))
+    (merged,) = _events(db, job_id, "step_integrated")
+    assert merged.step_key == "c"
+    assert merged.data["commands"] == ["grep -q C c.txt", "grep -q B b.txt"]
+    head = git(repo, "rev-parse", f"merlin/{job_id}")
+    assert git(repo, "show", f"{head}:b.txt") == "B"  # the merged tree holds both
+    assert git(repo, "show", f"{head}:c.txt") == "C"
+    assert git(repo, "rev-parse", f"{head}^") == rows["b"].attempts[0].commit  # one parent
+    assert _run(db, settings, job_id, "d") == (Outcome.CONTINUE, Dispatch(finalize=True))
+    assert _rows(db, job_id)["d"].attempts[0].start_commit == head  # d starts with b and c
+    assert finalize_job(db, settings, job_id) == "completed"
+    view = job_view(db, job_id)
+    assert [s["depends_on"] for s in view["steps"]] == [[], ["a"], ["a"], ["b", "c"]]
+    assert all(s["started_at"] and s["finished_at"] for s in view["steps"])
+
+
+def test_a_conflict_is_fed_back_and_the_next_attempt_passes(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    steps = [
+        _step("base", "true"),
+        _step("b", "grep -q B shared.txt", "base"),
+        _step("c", "grep -q C shared.txt", "base"),
+    ]
+    rules = [
+        _write("base.txt", "base\n", r"Step base \("),
+        _write("shared.txt", "B\nC\n", r"(?s)Step c \(.*moved the job branch"),
+        _write("shared.txt", "B\n", r"Step b \("),
+        _write("shared.txt", "C\n", r"Step c \("),
+    ]
+    job_id, repo = _job(db, settings, tmp_path, steps, rules)
+    _run(db, settings, job_id, "base")
+    assert execute_step(db, settings, job_id, "b", "b:a") is Outcome.CONTINUE
+    assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
+    assert verify_step(db, settings, job_id, "b", "b:v")[0] is Outcome.CONTINUE
+    assert verify_step(db, settings, job_id, "c", "c:v")[0] is Outcome.RETRY
+    failed = _rows(db, job_id)["c"].attempts[0]
+    assert failed.status == "failed"
+    assert failed.error.startswith("integration failed: the step's change conflicts")
+    assert "shared.txt" in failed.error
+    assert "<<<<<<<" in failed.output_tail
+    assert "+C" in failed.output_tail
+    assert execute_step(db, settings, job_id, "c", "c:a2") is Outcome.CONTINUE
+    retry = _rows(db, job_id)["c"].attempts[1]
+    head = git(repo, "rev-parse", f"merlin/{job_id}")
+    assert (retry.kind, retry.start_commit) == ("integrate", head)
+    assert "moved the job branch" in retry.feedback
+    assert "<<<<<<<" in retry.feedback
+    assert verify_step(db, settings, job_id, "c", "c:v2")[0] is Outcome.CONTINUE
+    assert finalize_job(db, settings, job_id) == "completed"
+    final = git(repo, "rev-parse", f"merlin/{job_id}")
+    assert git(repo, "show", f"{final}:shared.txt") == "B\nC"  # every step's command passes
+
+
+def test_a_clean_merge_that_breaks_a_siblings_check_is_retried(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    steps = [
+        _step("base", "true"),
+        _step("b", "sh -c 'grep -q B b.txt && test ! -e breaks-b'", "base"),
+        _step("c", "grep -q C c.txt", "base"),
+    ]
+    c_first = {
+        "match": r"Step c \(",
+        "turn": 0,
+        "reply": {
+            "tool_calls": [
+                {"name": "write_file", "arguments": {"path": "c.txt", "content": "C\n"}},
+                {"name": "write_file", "arguments": {"path": "breaks-b", "content": "!\n"}},
+            ]
+        },
+    }
+    rules = [
+        _write("base.txt", "base\n", r"Step base \("),
+        _write("c.txt", "C\n", r"(?s)Step c \(.*moved the job branch"),
+        _write("b.txt", "B\n", r"Step b \("),
+        c_first,
+    ]
+    job_id, repo = _job(db, settings, tmp_path, steps, rules)
+    _run(db, settings, job_id, "base")
+    assert execute_step(db, settings, job_id, "b", "b:a") is Outcome.CONTINUE
+    assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
+    assert verify_step(db, settings, job_id, "b", "b:v")[0] is Outcome.CONTINUE
+    before = git(repo, "rev-parse", f"merlin/{job_id}")
+    # c's own check passes; merged with b, b's check fails: the branch does not move.
+    assert verify_step(db, settings, job_id, "c", "c:v")[0] is Outcome.RETRY
+    assert git(repo, "rev-parse", f"merlin/{job_id}") == before
+    failed = _rows(db, job_id)["c"].attempts[0]
+    assert failed.error.startswith("integration failed: `sh -c 'grep -q B b.txt && test ! -e")
+    assert failed.exit_code == 1
+    assert _run(db, settings, job_id, "c")[0] is Outcome.CONTINUE
+    assert finalize_job(db, settings, job_id) == "completed"
+    final = git(repo, "rev-parse", f"merlin/{job_id}")
+    assert "breaks-b" not in git(repo, "ls-tree", "--name-only", final)
+
+
+@pytest.mark.parametrize("policy", ["continue", "stop"])
+def test_a_failed_step_skips_what_needs_it_or_stops_the_job(
+    db: Database, settings: Settings, tmp_path: Path, policy: str
+) -> None:
+    job_id, repo = _job(
+        db,
+        settings,
+        tmp_path,
+        [*DIAMOND[:2], {**DIAMOND[2], "exit_command": "false", "on_failure": policy}, DIAMOND[3]],
+        DIAMOND_RULES,
+    )
+    _run(db, settings, job_id, "a")
+    assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
+    assert verify_step(db, settings, job_id, "c", "c:v")[0] is Outcome.RETRY  # a fix first
+    outcome, dispatch = _run(db, settings, job_id, "c")  # no tier left
+    assert (outcome, dispatch) == (Outcome.STOP, Dispatch())
+    rows = _rows(db, job_id)
+    assert rows["c"].status == "Failed"
+    if policy == "stop":
+        assert job_view(db, job_id)["status"] == "failed"
+        assert rows["b"].status == "Skipped"  # queued, never started: it will not
+        assert execute_step(db, settings, job_id, "b", "b:a") is Outcome.STOP
+        return
+    assert rows["d"].status == "Skipped"
+    assert rows["d"].result == "skipped: needs c, which failed"
+    assert rows["b"].status == "Pending"  # the other branch goes on
+    assert _run(db, settings, job_id, "b") == (Outcome.CONTINUE, Dispatch(finalize=True))
+    assert finalize_job(db, settings, job_id) == "partially_completed"
+    view = job_view(db, job_id)
+    assert view["error"] == "failed: c; skipped: d"
+    head = git(repo, "rev-parse", f"merlin/{job_id}")
+    assert git(repo, "show", f"{head}:b.txt") == "B"  # b's work is kept
+    assert "c.txt" not in git(repo, "ls-tree", "--name-only", head)
+
+
+def test_max_parallel_steps_bounds_what_starts_at_once(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    steps = [_step("root", "true")] + [
+        _step(key, f"grep -q {key} {key}.txt", "root") for key in ("p", "q", "r")
+    ]
+    rules = [_write("root.txt", "r\n", r"Step root \(")] + [
+        _write(f"{key}.txt", f"{key}\n", rf"Step {key} \(") for key in ("p", "q", "r")
+    ]
+    import yaml
+
+    repo = make_repo(tmp_path / "repo", {"README": "r\n"})
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"rules": [*rules, {"reply": {"content": "done"}}]}))
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{script}")], limits=Limits(max_parallel_steps=2)
+    )
+    job_id = create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), repo, config)
+    assert _run(db, settings, job_id, "root")[1] == Dispatch(("p", "q"))
+    assert _run(db, settings, job_id, "p")[1] == Dispatch(("r",))  # a slot came free
+    assert _run(db, settings, job_id, "q")[1] == Dispatch()
+    assert _run(db, settings, job_id, "r")[1] == Dispatch(finalize=True)
+    assert finalize_job(db, settings, job_id) == "completed"
