@@ -5,13 +5,14 @@ A worker running a step sees the status at its next model call or tool call (or 
 its exit command) and stops without moving the job branch; then the job is finalized.
 A job nobody is working on is finalized at once.
 
-Resuming puts a failed, cancelled or budget-stopped job back in motion from its first
-step that did not pass: that step starts afresh from the branch's head, on the tier it
-had reached (or ``--tier``), with its earlier failures as feedback; later steps start as
-they were routed. Completed steps are kept. A resume may correct what made the job
-fail: the first step's exit command (``--exit-command``) or the whole configuration
-(``--config``; each unfinished step keeps its tier where the new configuration has a
-tier of that name, and is routed afresh where it has not).
+Resuming puts a failed, cancelled, budget-stopped or partially completed job back in
+motion: every step that did not pass is pending again, and those whose dependencies
+have passed are queued (``lifecycle.start_runnable``). The first of them starts afresh
+from the branch's head, on the tier it had reached (or ``--tier``), with its earlier
+failures as feedback; the others keep their tiers. Completed steps are kept. A resume
+may correct what made the job fail: the first step's exit command (``--exit-command``)
+or the whole configuration (``--config``; each unfinished step keeps its tier where
+the new configuration has a tier of that name, and is routed afresh where it has not).
 """
 
 from __future__ import annotations
@@ -24,8 +25,13 @@ from merlin_flow.credentials import require_a_usable_tier
 from merlin_flow.endpoints import pin_endpoints
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.escalation import AttemptKind
-from merlin_flow.leases import queued_values
-from merlin_flow.lifecycle import add_event, close_open_attempts, end_job_in_session, finalize_job
+from merlin_flow.lifecycle import (
+    add_event,
+    close_open_attempts,
+    end_job_in_session,
+    finalize_job,
+    start_runnable,
+)
 from merlin_flow.repository import repository_of
 from merlin_flow.routing import start_tier
 from merlin_flow.settings import Settings
@@ -95,8 +101,8 @@ def resume_job(
             raise JobNotFoundError(f"no job with id {job_id!r}")
         if job.status not in RESUMABLE_JOB_STATUSES or job.finished_at is None:
             raise InputError(
-                f"job {job_id} is {job.status}; only a failed, cancelled or "
-                "budget_exceeded job that has ended can be resumed"
+                f"job {job_id} is {job.status}; only a failed, cancelled, budget_exceeded "
+                "or partially_completed job that has ended can be resumed"
             )
         if job.status == JobStatus.BUDGET_EXCEEDED and budget_usd is None:
             raise InputError(
@@ -146,8 +152,8 @@ def resume_job(
             step.lease_owner = step.lease_expires_at = None
         if tier_index is not None:
             first.tier_index = tier_index
-        for key, value in queued_values(settings.handoff_seconds).items():
-            setattr(first, key, value)
+        session.flush()
+        started = start_runnable(session, job, settings.handoff_seconds).start
         job.status = JobStatus.RUNNING if job.started_at else JobStatus.PENDING
         job.error = None
         job.finished_at = None
@@ -163,6 +169,7 @@ def resume_job(
             f"job resumed from step {first.key} on tier {tier_name}{changes}",
             first.key,
             tier=tier_name,
+            started=list(started),
         )
         return first.key
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
+from kombu import Exchange, Queue
 
 from merlin_flow.llm import preload
 from workers.sweeper import Sweeper
@@ -106,6 +108,27 @@ class EmbeddedWorker:
             self._sweeper.join(timeout=5)
             self._sweeper = None
         self._worker = self._thread = None
+
+
+def declare_queues(app: Celery, attempts: int = 5) -> None:
+    """Declare merlin's queues on the broker before a worker consumes them.
+
+    On the embedded broker, two workers started at once on a fresh ``MERLIN_HOME`` both
+    insert the same queue rows; kombu takes the loser's IntegrityError as unrecoverable
+    and the worker dies at start. Declared here first, with a retry, the race is lost
+    harmlessly: the second declaration finds the rows.
+    """
+    for attempt in range(attempts):
+        try:
+            with app.connection_for_write() as connection:
+                channel = connection.default_channel
+                for name in ALL_QUEUES:
+                    Queue(name, Exchange(name, type="direct"), routing_key=name)(channel).declare()
+            return
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def broker_report(app: Celery, timeout: float = 2.0) -> tuple[str | None, dict[str, int] | None]:

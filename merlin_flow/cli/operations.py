@@ -38,6 +38,7 @@ def worker(
 
     from merlin_flow.sandbox import sandbox_problem
     from workers.app import app as celery_app
+    from workers.roles import declare_queues
 
     if sandbox not in ("bwrap", "none"):
         err_console.print(f"[red]error:[/] unknown --sandbox {sandbox!r}: use bwrap or none")
@@ -65,6 +66,8 @@ def worker(
         raise typer.Exit(2)
     if concurrency:
         argv.append(f"--concurrency={concurrency}")
+    if celery_app.conf.broker_url.startswith("sqla+"):
+        declare_queues(celery_app)  # two workers starting at once must not race for them
     celery_app.worker_main(argv)
 
 

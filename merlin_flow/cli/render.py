@@ -17,7 +17,7 @@ from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES, AttemptStatus, JobSt
 
 if TYPE_CHECKING:
     from merlin_flow.costs import CostsSince, JobCosts
-    from merlin_flow.jobs import AttemptView, EventView, JobListEntry, JobView, LogEntry
+    from merlin_flow.jobs import AttemptView, EventView, JobListEntry, JobView, LogEntry, StepView
     from merlin_flow.replay import ReplayReport
 
 STATUS_STYLE: dict[str, str] = {
@@ -32,6 +32,7 @@ STATUS_STYLE: dict[str, str] = {
     StepStatus.SKIPPED: "dim",
     JobStatus.CANCELLED: "magenta",
     JobStatus.BUDGET_EXCEEDED: "magenta",
+    JobStatus.PARTIALLY_COMPLETED: "yellow",
     JobStatus.PLANNING: "yellow",
     JobStatus.AWAITING_APPROVAL: "cyan",
     JobStatus.REJECTED: "magenta",
@@ -100,8 +101,11 @@ def steps_lines(view: JobView, stalled: bool = False) -> Text:
     lines = [f"job {view['id']} · {view['title']} · {view['status']} · {money(view)}"]
     for step in view["steps"]:
         attempts = _attempts_cell(step["attempts"], stalled).plain or "no attempt yet"
+        if not step["attempts"] and step["status"] == "Skipped":
+            attempts = step["result"] or "skipped"
+        needs = f"needs {_needs(step).plain} · " if step.get("depends_on") else ""
         lines.append(
-            f"  {step['id']} · {step['step_type']} · {step['status']} · tier "
+            f"  {step['id']} · {step['step_type']} · {needs}{step['status']} · tier "
             f"{step['tier'] or '-'} · {_elapsed(step.get('started_at'), step.get('finished_at'))}"
             f" · {attempts} · exit command: {step['exit_command']}"
         )
@@ -140,6 +144,7 @@ def _steps_table(view: JobView, stalled: bool = False) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("step")
     table.add_column("type")
+    table.add_column("needs")
     table.add_column("status")
     table.add_column("tier")
     table.add_column("attempt", justify="right")
@@ -148,17 +153,31 @@ def _steps_table(view: JobView, stalled: bool = False) -> Table:
     table.add_column("exit command", overflow="fold")
     for step in view["steps"]:
         icon = STATUS_ICON.get(step["status"], "?")
+        attempts = _attempts_cell(step["attempts"], stalled)
+        if not step["attempts"] and step["status"] == "Skipped":
+            attempts = Text(step["result"] or "skipped", style="dim")
         table.add_row(
             step["id"],
             step["step_type"],
+            _needs(step),
             Text(f"{icon} {step['status']}", style=STATUS_STYLE.get(step["status"], "")),
             step["tier"] or "",
             str(len(step["attempts"])) if step["attempts"] else "-",
             _elapsed(step.get("started_at"), step.get("finished_at")),
-            _attempts_cell(step["attempts"], stalled),
+            attempts,
             step["exit_command"],
         )
     return table
+
+
+def _needs(step: StepView) -> Text:
+    """The steps this one needs: those not passed yet in yellow (the graph, row by row)."""
+    text = Text()
+    waiting = set(step.get("waiting_on") or [])
+    for index, key in enumerate(step.get("depends_on") or []):
+        text.append(", " if index else "")
+        text.append(key, style="yellow" if key in waiting else "")
+    return text if text.plain else Text("-")
 
 
 def _elapsed(started: str | None, finished: str | None) -> str:

@@ -76,6 +76,7 @@ steps:
     step_type: Refactor
     description: add a README
     exit_command: test -f README.md
+    depends_on: [slow]
 """
 
 CONFIG = """\

@@ -301,3 +301,29 @@ def test_max_parallel_steps_bounds_what_starts_at_once(
     assert _run(db, settings, job_id, "q")[1] == Dispatch()
     assert _run(db, settings, job_id, "r")[1] == Dispatch(finalize=True)
     assert finalize_job(db, settings, job_id) == "completed"
+
+
+def test_resume_of_a_partially_completed_job_queues_every_unfinished_branch(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    from merlin_flow.control import resume_job
+    from merlin_flow.leases import QUEUED
+
+    failing = {**DIAMOND[2], "exit_command": "false", "on_failure": "continue"}
+    job_id, _ = _job(db, settings, tmp_path, [*DIAMOND[:2], failing, DIAMOND[3]], DIAMOND_RULES)
+    _run(db, settings, job_id, "a")
+    _run(db, settings, job_id, "c")
+    _run(db, settings, job_id, "c")
+    _run(db, settings, job_id, "b")
+    assert finalize_job(db, settings, job_id) == "partially_completed"
+    assert resume_job(db, settings, job_id, exit_command="grep -q C c.txt") == "c"
+    rows = _rows(db, job_id)
+    assert {key: (row.status, row.lease_owner) for key, row in rows.items()} == {
+        "a": ("Completed", None),
+        "b": ("Completed", None),
+        "c": ("Pending", QUEUED),  # its dependency passed: queued at once
+        "d": ("Pending", None),  # waits for c again
+    }
+    assert _run(db, settings, job_id, "c")[1] == Dispatch(("d",))
+    assert _run(db, settings, job_id, "d")[1] == Dispatch(finalize=True)
+    assert finalize_job(db, settings, job_id) == "completed"
