@@ -2,10 +2,10 @@
 
 A step runs once every step it ``depends_on`` has passed; steps whose dependencies have
 all passed run at the same time, each in its own worktree, up to ``[limits]
-max_parallel_steps`` at once for one job. A TaskList in which no step names a
+max_parallel_steps`` at once for one job. A TaskList in which no step has a
 ``depends_on`` is a sequence: each step depends on the one before it, as such files
-always ran. Once any step names one, the file is a graph and a step that names none
-starts at once.
+always ran. Once any step has one (``depends_on: []`` included), the file is a graph,
+and a step without one, or with an empty one, starts at once.
 
 A job is *finished* when every step passed, failed or was skipped, and *complete* when
 every step passed. A step that fails with ``on_failure: continue`` skips every step that
@@ -38,8 +38,8 @@ N = TypeVar("N", bound=StepNode)
 
 def dependencies(steps: Sequence[TaskStep]) -> list[list[str]]:
     """Each step's dependencies as the engine runs them (a plain list is a sequence)."""
-    if any(step.depends_on for step in steps):
-        return [list(step.depends_on) for step in steps]
+    if any(step.depends_on is not None for step in steps):
+        return [list(step.depends_on or []) for step in steps]
     return [[]] + [[earlier.id] for earlier in steps[:-1]]
 
 

@@ -61,11 +61,12 @@ def integrate(
     commit: str,
     commands: list[str],
     message: str,
-    run: Callable[[str, str], CommandResult],
+    run: Callable[[str, list[str]], tuple[str, CommandResult]],
 ) -> Integration:
     """``commit`` made ready for a branch at ``onto``: as it is, or merged and re-verified.
 
-    ``run(commit, command)`` runs one exit command on a commit.
+    ``run(commit, commands)`` runs exit commands on a commit, in one worktree, until one
+    fails; it returns the last one run and its result.
     """
     if is_ancestor(repo, onto, commit):
         return Integration(onto, commit)
@@ -79,16 +80,15 @@ def integrate(
             f"({onto[:10]}), which steps that ran beside it moved: {what or 'see the conflict'}"
         )
         return Integration(onto, None, error=error, details=conflicts)
-    for command in commands:
-        result = run(merged, command)
-        if not result.ok:
-            error = (
-                f"{INTEGRATION_FAILED}`{command}` exited with code {result.exit_code} on the "
-                f"step's change merged onto the job branch ({onto[:10]}); it passed alone"
-            )
-            return Integration(
-                onto, None, True, tuple(commands), error, result.output_tail, result.exit_code
-            )
+    command, result = run(merged, commands)
+    if not result.ok:
+        error = (
+            f"{INTEGRATION_FAILED}`{command}` exited with code {result.exit_code} on the "
+            f"step's change merged onto the job branch ({onto[:10]}); it passed alone"
+        )
+        return Integration(
+            onto, None, True, tuple(commands), error, result.output_tail, result.exit_code
+        )
     return Integration(onto, merged, True, tuple(commands))
 
 

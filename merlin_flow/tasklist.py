@@ -79,9 +79,9 @@ class TaskStep(BaseModel):
     """Name of the agent profile to run the step with (default agent when unset)."""
     tier: str | None = None
     """Model tier to start on, overriding the default (must name a configured tier)."""
-    depends_on: list[str] = Field(default_factory=list)
-    """Ids of earlier steps this one needs: it starts once they all passed. When no step
-    of the list names any, each step needs the one before it."""
+    depends_on: list[str] | None = None
+    """Ids of earlier steps this one needs: it starts once they all passed (``[]``: at
+    once). When no step of the list has a ``depends_on``, each needs the one before it."""
     on_failure: OnFailure | None = None
     """`stop` or `continue` when the step fails on every tier (default: the list's)."""
     spec_check: bool = False
@@ -121,12 +121,12 @@ class TaskList(BaseModel):
             if step.id in seen:
                 raise ValueError(f"duplicate step id {step.id!r}: step ids must be unique")
             seen.add(step.id)
-        cycle = _find_cycle({s.id: s.depends_on for s in self.steps})
+        cycle = _find_cycle({s.id: s.depends_on or [] for s in self.steps})
         if cycle:
             raise ValueError("depends_on forms a cycle: " + " -> ".join(cycle))
         earlier: set[str] = set()
         for step in self.steps:
-            for dep in step.depends_on:
+            for dep in step.depends_on or []:
                 if dep not in seen:
                     raise ValueError(f"step {step.id!r} depends_on unknown step {dep!r}")
                 if dep not in earlier:

@@ -172,7 +172,7 @@ def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
     repository.have(held.job_id, commit)
     worktree = held.worktree(f"{held.step_key}-{number}-verify")
     try:
-        result = _run_in_worktree(held, repository, commit, worktree, command)
+        _, result = _run_in_worktree(held, repository, commit, worktree, command)
     except SetupFailed as exc:
         # The attempt's commit changed the files setup depends on, and setup no longer
         # succeeds: the attempt failed, not the job (setup passed at the step's start
@@ -182,15 +182,22 @@ def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
 
 
 def _run_in_worktree(
-    held: HeldStep, repository: JobRepository, commit: str, worktree: Path, command: str
-) -> CommandResult:
-    """Run the exit command on ``commit``, in its environment, in a worktree of its own."""
+    held: HeldStep, repository: JobRepository, commit: str, worktree: Path, *commands: str
+) -> tuple[str, CommandResult]:
+    """Run exit commands on ``commit``, in its environment, in one worktree of its own.
+
+    They run in order until one fails; returns the last one run and its result.
+    """
     environment = step_environment(held, repository, commit)
     try:
         add_worktree(repository.path, worktree, commit)
         prepare_worktree(environment, worktree)
         confinement = step_confinement(worktree, environment, held.config)
-        return run_exit_command(command, confinement, held.config)
+        for command in commands:
+            result = run_exit_command(command, confinement, held.config)
+            if not result.ok:
+                break
+        return command, result
     finally:
         remove_worktree(repository.path, worktree)
 
@@ -227,11 +234,13 @@ def _integrate_and_pass(
             )
             worktree = held.worktree(f"{held.step_key}-{attempt.number}-merged")
 
-        def run(merged: str, command: str, worktree: Path = worktree) -> CommandResult:
+        def run(
+            merged: str, commands: list[str], worktree: Path = worktree
+        ) -> tuple[str, CommandResult]:
             try:
-                return _run_in_worktree(held, repository, merged, worktree, command)
+                return _run_in_worktree(held, repository, merged, worktree, *commands)
             except SetupFailed as exc:
-                return CommandResult(1, str(exc), timed_out=False, duration=0.0)
+                return commands[0], CommandResult(1, str(exc), timed_out=False, duration=0.0)
 
         repository.have(held.job_id, onto, commit)
         integration = integrate(repository.path, onto, commit, commands, message, run)

@@ -132,7 +132,7 @@ def plan_table(
             task.id,
             task.step_type.value,
             planned["title"] if planned else task.description.splitlines()[0],
-            ", ".join(task.depends_on) or "-",
+            ", ".join(task.depends_on or []) or "-",
             "?" if tokens is None else str(tokens),
             ("?" if cost is None else f"${cost:.4f}") + f" ({tier.name})",
         )

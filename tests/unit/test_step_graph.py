@@ -101,8 +101,13 @@ DIAMOND_RULES = [
 
 
 def test_a_plain_list_is_a_sequence_and_a_graph_is_as_written() -> None:
-    plain = parse_tasklist({"title": "t", "steps": [_step(k, "true") for k in "abc"]})
-    assert dependencies(plain.steps) == [[], ["a"], ["b"]]  # every depends_on is []
+    roots = parse_tasklist({"title": "t", "steps": [_step(k, "true") for k in "abc"]})
+    assert dependencies(roots.steps) == [[], [], []]  # `depends_on: []`: each starts at once
+    absent = [{k: v for k, v in _step(k, "true").items() if k != "depends_on"} for k in "abc"]
+    plain = parse_tasklist({"title": "t", "steps": absent})
+    assert dependencies(plain.steps) == [[], ["a"], ["b"]]  # no depends_on anywhere
+    stored = parse_tasklist(plain.model_dump(mode="json"))  # as a job keeps it
+    assert dependencies(stored.steps) == [[], ["a"], ["b"]]
     graph = parse_tasklist({"title": "t", "steps": DIAMOND})
     assert dependencies(graph.steps) == [[], ["a"], ["a"], ["b", "c"]]
 
