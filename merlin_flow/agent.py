@@ -1,8 +1,12 @@
 """The agent loop: a model with tools works on one step inside one worktree.
 
-Each attempt is a new conversation: the system prompt, the step, and feedback from
+Each attempt is a new conversation: the system prompt (with the step's agent's own
+prompt and the repository's instructions, when there are), the step, and feedback from
 earlier attempts as text. Every reply's tool calls are executed in order and answered;
-the loop ends when the model replies without tool calls, or fails at the turn limit.
+a reply without any is searched for calls written as text (``merlin_flow.tool_text``),
+which are then run as if the model had made them. The loop ends when the model calls
+``finish`` (its summary is the attempt's), when it replies with no call at all (its text
+is the summary), or fails at the turn limit.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from merlin_flow.errors import AgentError, BudgetExceeded, ModelUnreachable
 from merlin_flow.escalation import MODEL_UNREACHABLE, Action, Failure, FailureKind, decide
 from merlin_flow.llm import Completion, ModelCall, complete
 from merlin_flow.model_errors import ModelFailure, examine, retry_after
-from merlin_flow.tools import Toolbox
+from merlin_flow.tool_text import text_tool_calls
+from merlin_flow.tools import FINISH, FINISHED, Toolbox, parse_arguments
 
 SYSTEM_PROMPT = """\
 You are merlin, an autonomous coding agent working on a project's files.
@@ -26,7 +31,7 @@ Use the tools to read and change files; your working directory is the project's 
 Commands run in a sandbox with the project's environment, without network or git:
 merlin commits your changes when you finish.
 Make the smallest change that accomplishes the step. Do not ask questions: act.
-When the step is done, reply with a short summary of what you changed and no tool calls.
+When the step is done, call finish with a short summary of what you changed.
 Your work is checked afterwards by running the step's exit command; a failure sends the
 step back to you or to a stronger model with the command's output.
 """
@@ -43,6 +48,29 @@ class StepBrief:
     exit_command: str
     constraints: str = ""
     """The relevant specs' constraint sections (``spec_check.with_spec_constraints``)."""
+    role_prompt: str = ""
+    """The step's agent's own system prompt (from its agent file); empty: none."""
+    instructions: str = ""
+    """The repository's instructions to coding agents (its AGENTS.md); empty: none."""
+    instructions_file: str = ""
+    """The file ``instructions`` came from, as the prompt names it (default AGENTS.md)."""
+
+
+ROLE_HEADING = "Your role:"
+INSTRUCTIONS_HEADING = "The repository's instructions ({file}):"
+SKIPPED = "not run: finish came first and ended the attempt"
+"""The answer to calls a reply made after its `finish` call."""
+
+
+def system_prompt(brief: StepBrief) -> str:
+    """The system prompt: merlin's, then the agent's role and the repository's instructions."""
+    parts = [SYSTEM_PROMPT]
+    if brief.role_prompt.strip():
+        parts.append(f"{ROLE_HEADING}\n{brief.role_prompt.strip()}\n")
+    if brief.instructions.strip():
+        heading = INSTRUCTIONS_HEADING.format(file=brief.instructions_file or "AGENTS.md")
+        parts.append(f"{heading}\n{brief.instructions.strip()}\n")
+    return "\n".join(parts)
 
 
 def first_messages(brief: StepBrief, feedback: str | None) -> list[dict[str, Any]]:
@@ -57,7 +85,10 @@ def first_messages(brief: StepBrief, feedback: str | None) -> list[dict[str, Any
     if feedback:
         lines += ["", "Earlier attempts at this step failed:", feedback]
     user = "\n".join(line for line in lines if line).strip()
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": system_prompt(brief)},
+        {"role": "user", "content": user},
+    ]
 
 
 @dataclass
@@ -66,6 +97,8 @@ class AgentResult:
 
     summary: str
     turns: int
+    finished: bool = False
+    """True when the model called `finish`; False when it stopped calling tools."""
 
 
 CallHook = Callable[[int, Completion | None, BaseException | None], None]
@@ -129,17 +162,47 @@ def converse(
         reply = _call(
             tier, messages, turn, limits, on_call, check_alive, call_model, sleep, schemas
         )
-        messages.append(reply.message)
+        message, calls = reply.message, reply.tool_calls
+        if not calls:
+            calls = text_tool_calls(message.get("content"), toolbox.names, f"text-{turn}")
+            if calls:  # carried as real calls, so that providers accept their answers
+                message = {**message, "tool_calls": calls}
+        messages.append(message)
         on_progress(messages)
-        if not reply.tool_calls:
-            return AgentResult(summary=(reply.message.get("content") or "").strip(), turns=turn + 1)
-        for call in reply.tool_calls:
-            check_alive()  # a command boundary: a cancelled job stops here
-            function = call.get("function", {})
-            output = toolbox.call(function.get("name", ""), function.get("arguments") or "{}")
-            messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": output})
+        text = str(message.get("content") or "").strip()
+        if not calls:
+            return AgentResult(summary=text, turns=turn + 1)
+        summary = _run_calls(calls, toolbox, messages, turn, check_alive)
         on_progress(messages)
+        if summary is not None:
+            return AgentResult(summary=summary or text, turns=turn + 1, finished=True)
     raise AgentError(f"turn limit reached: {limits.max_turns} model replies without finishing")
+
+
+def _run_calls(
+    calls: list[dict[str, Any]],
+    toolbox: Toolbox,
+    messages: list[dict[str, Any]],
+    turn: int,
+    check_alive: Callable[[], None],
+) -> str | None:
+    """Run a reply's calls in order and answer each; the summary if `finish` was one.
+
+    Calls after an accepted `finish` are not run; they are answered as skipped.
+    """
+    for index, call in enumerate(calls):
+        check_alive()  # a command boundary: a cancelled job stops here
+        function = call.get("function") or {}
+        name, arguments = function.get("name", ""), function.get("arguments") or "{}"
+        output = toolbox.call(name, arguments, turn=turn)
+        messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": output})
+        if name == FINISH and output == FINISHED:
+            for later in calls[index + 1 :]:
+                messages.append(
+                    {"role": "tool", "tool_call_id": later.get("id"), "content": SKIPPED}
+                )
+            return str(parse_arguments(name, arguments)["summary"]).strip()
+    return None
 
 
 def _call(

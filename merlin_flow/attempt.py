@@ -11,12 +11,15 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.agent import StepBrief, run_agent
+from merlin_flow.agent_choice import stored_agent
+from merlin_flow.agent_files import AgentDefinition
 from merlin_flow.budget import job_guard
 from merlin_flow.config import MerlinConfig, SandboxMode
 from merlin_flow.credentials import tier_access
@@ -24,7 +27,6 @@ from merlin_flow.environment import (
     BuiltEnvironment,
     ensure_environment,
     prepare_worktree,
-    step_confinement,
 )
 from merlin_flow.errors import (
     AgentError,
@@ -32,6 +34,7 @@ from merlin_flow.errors import (
     JobCancelled,
     LeaseLost,
     ModelUnreachable,
+    ToolSourceError,
 )
 from merlin_flow.escalation import MODEL_UNREACHABLE, AttemptKind, feedback_for
 from merlin_flow.git import (
@@ -70,6 +73,13 @@ from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.sandbox import SANDBOX_OFF_WARNING
 from merlin_flow.settings import Settings
 from merlin_flow.spec_check import with_spec_constraints
+from merlin_flow.step_tools import (
+    can_write,
+    drop_denied_writes,
+    open_step_tools,
+    step_brief,
+    with_instructions,
+)
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     FINISHED_STEP_STATUSES,
@@ -85,7 +95,6 @@ from merlin_flow.store import (
     utcnow,
 )
 from merlin_flow.tasklist import StepType
-from merlin_flow.tools import Toolbox
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +121,7 @@ class _AttemptPlan:
     budget_usd: float | None
     original: OriginalJournal | None
     """For a ``merlin replay`` job: the original job's answers to this attempt."""
+    agent: AgentDefinition | None = None
 
 
 @dataclass(frozen=True)
@@ -215,6 +225,7 @@ def _work_in_worktree(
     add_worktree(repository.path, worktree, plan.start_commit)
     try:
         prepare_worktree(environment, worktree)
+        brief = with_instructions(brief, worktree)
         seqs = itertools.count(plan.calls_so_far)
         context = CallContext(held.job_id, held.step_id, plan.attempt_id, plan.run, tier)
 
@@ -228,19 +239,13 @@ def _work_in_worktree(
                 attempt = session.get_one(Attempt, plan.attempt_id)
                 attempt.transcript = _for_the_record(messages)
 
-        summary, error, turns = "", None, 0
+        summary, error, turns, writes = "", None, 0, True
         transcript: list[dict[str, Any]] = []
         try:
             # A live tier with no key or no server fails at once, with no call made.
             problem = None if plan.original else tier_access(tier)
             if problem:
                 raise ModelUnreachable(MODEL_UNREACHABLE + problem)
-            toolbox = Toolbox(
-                worktree,
-                config.limits.tool_command_timeout,
-                step_confinement(worktree, environment, config),
-                config.sandbox,
-            )
             call_model = Replayer(
                 plan.replay,
                 before_live=None if plan.original else guard.before_call,  # replays are free
@@ -250,33 +255,45 @@ def _work_in_worktree(
                 else None,
                 live=plan.original or complete,
             )
-            result = run_agent(
-                tier,
-                brief,
-                toolbox,
-                plan.feedback,
-                on_call,
-                check_alive,
-                limits=config.limits,
-                call_model=call_model,
-                transcript=transcript,
-                on_progress=on_progress,
-            )
+            with open_step_tools(worktree, environment, config, plan.agent) as toolbox:
+                writes = can_write(toolbox)
+                result = run_agent(
+                    tier,
+                    brief,
+                    toolbox,
+                    plan.feedback,
+                    on_call,
+                    check_alive,
+                    limits=config.limits,
+                    call_model=call_model,
+                    transcript=transcript,
+                    on_progress=on_progress,
+                )
             summary, turns = result.summary, result.turns
             check_alive()
-        except AgentError as exc:
+        except (AgentError, ToolSourceError) as exc:
             error = str(exc)
+        _drop_denied_writes(held, worktree)
         message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
         commit = commit_all(
             worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes
         )
-        edits = brief.step_type != StepType.VERIFY.value
+        edits = brief.step_type != StepType.VERIFY.value and writes  # a reviewer writes nothing
         if error is None and edits and same_tree(worktree, commit, plan.start_commit):
             error = NO_CHANGES.format(turns=turns)
     finally:
         guard.release_quietly()
         remove_worktree(repository.path, worktree)
     return _AttemptEnd(commit, summary, error, turns, transcript)
+
+
+def _drop_denied_writes(held: HeldStep, worktree: Path) -> None:
+    """Undo changes an `Edit`/`Write` deny forbids, each recorded as an event."""
+    dropped = drop_denied_writes(worktree, held.config)
+    if dropped:
+        with held.db.session() as session:
+            for path, why in dropped:
+                add_event(session, held.job_id, "write_refused", f"{path}: {why}", held.step_key)
 
 
 def _record_attempt(held: HeldStep, plan: _AttemptPlan, end: _AttemptEnd) -> bool:
@@ -371,6 +388,7 @@ def _begin_attempt(held: HeldStep) -> tuple[_AttemptPlan, str, StepBrief]:
             replay=replayable_calls(session, attempt.id),
             budget_usd=job.budget_usd,
             original=_original_journal(session, job, step, attempt),
+            agent=stored_agent(step.agent_spec),
         )
         return plan, job.repo, step_brief(step)
 
@@ -419,13 +437,6 @@ def _open_attempt(session: Session, config: MerlinConfig, job: Job, step: Step) 
         tier=tier.name,
     )
     return attempt
-
-
-def step_brief(step: Step) -> StepBrief:
-    """What the agent is told about ``step``."""
-    return StepBrief(
-        step.key, step.step_type, step.description, step.verification, step.exit_command
-    )
 
 
 def _original_journal(

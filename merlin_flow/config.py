@@ -29,6 +29,14 @@ from pydantic import (
 from merlin_flow.errors import ConfigError
 from merlin_flow.resources import resource_dir
 from merlin_flow.tasklist import StepType
+from merlin_flow.tool_config import (
+    SERVER_NAME,
+    AgentSettings,
+    McpServer,
+    PermissionRules,
+    refuse_loosening,
+    user_sections,
+)
 
 CONFIG_FILE_NAME = "merlin.toml"
 SCRIPTED_PREFIX = "scripted/"
@@ -266,6 +274,9 @@ class MerlinConfig(BaseModel):
     planning: Planning = Field(default_factory=Planning)
     """How a request in plain words becomes a plan (`[planning]`)."""
     specs: Specs = Field(default_factory=Specs)
+    permissions: PermissionRules = Field(default_factory=PermissionRules)
+    agents: AgentSettings = Field(default_factory=AgentSettings)
+    mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
     """The project's specs (`[specs]`)."""
     source: str | None = None
     """The file the configuration was read from (set by the loader)."""
@@ -292,6 +303,9 @@ class MerlinConfig(BaseModel):
                 f"specs.check_tier names unknown tier {self.specs.check_tier!r}; "
                 f"tiers: {', '.join(names)}"
             )
+        bad = [name for name in self.mcp_servers if not SERVER_NAME.match(name)]
+        if bad:
+            raise ValueError(f"MCP server names may hold letters, digits, _ and - only: {bad}")
         unserved = [t.value for t in StepType if not any(tier.serves(t) for tier in self.tiers)]
         if unserved:
             raise ValueError(f"no tier takes step type(s) {', '.join(unserved)} (tiers.step_types)")
@@ -323,11 +337,24 @@ class MerlinConfig(BaseModel):
         raise ConfigError(f"unknown tier {name!r}; configured tiers: {known}")
 
 
-def load_config(repo: Path | None = None, config_path: Path | None = None) -> MerlinConfig:
-    """Load the defaults, then ``config_path`` or ``<repo>/merlin.toml`` over them."""
+def load_config(
+    repo: Path | None = None, config_path: Path | None = None, user_home: Path | None = None
+) -> MerlinConfig:
+    """Load the defaults, the user's file, then ``config_path`` or ``<repo>/merlin.toml``.
+
+    The user's file is ``<user_home>/merlin.toml`` (``MERLIN_HOME``): its `[permissions]`
+    rules always apply (the project's are added to them), its `[agents]` and
+    `[mcp_servers]` lie under the project's.
+    """
     defaults_file = resource_dir("config") / CONFIG_FILE_NAME
     data = _read_toml(defaults_file)
     _resolve_scripted_paths(data, defaults_file.parent)
+    user: dict[str, Any] = {}
+    where: Path | None = None
+    user_file = user_home / CONFIG_FILE_NAME if user_home is not None else None
+    if user_file is not None and user_file.is_file():
+        user = user_sections(_read_toml(user_file), user_file)
+        data = _merge(data, {k: v for k, v in user.items() if k != "permissions"})
     source: Path | None = None
     if config_path is not None:
         source = config_path.expanduser().resolve()
@@ -338,7 +365,7 @@ def load_config(repo: Path | None = None, config_path: Path | None = None) -> Me
     if source is not None:
         overlay = _read_toml(source)
         if config_path is None:
-            _refuse_sandbox_relaxation(overlay, source)
+            refuse_loosening(overlay, user, source)
         _resolve_scripted_paths(overlay, source.parent)
         if "tiers" in overlay and "routing" not in overlay:
             data.pop("routing", None)  # the defaults' routing names the defaults' tiers
@@ -346,8 +373,14 @@ def load_config(repo: Path | None = None, config_path: Path | None = None) -> Me
         data["source"] = str(source)
     try:
         config = MerlinConfig.model_validate(data)
+        if "permissions" in user:
+            from merlin_flow.permissions import merge_rules
+
+            where = user_file
+            mine = PermissionRules.model_validate(user["permissions"])
+            config.permissions = merge_rules(mine, config.permissions)
     except ValidationError as exc:
-        where = source or defaults_file
+        where = where or source or defaults_file
         problems = "\n".join(
             f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
             for err in exc.errors()
@@ -355,30 +388,6 @@ def load_config(repo: Path | None = None, config_path: Path | None = None) -> Me
         raise ConfigError(f"{where}: invalid configuration\n{problems}") from None
     check_scripted_files(config)
     return config
-
-
-def _refuse_sandbox_relaxation(overlay: dict[str, Any], source: Path) -> None:
-    """A repository's own merlin.toml may tighten the sandbox, never loosen it.
-
-    Its content is as untrusted as its code (a pull request can change it): turning the
-    sandbox off, giving steps the network or passing variables in needs a --config file.
-    """
-    sandbox = overlay.get("sandbox")
-    if not isinstance(sandbox, dict):
-        return
-    loosened = [
-        key
-        for key, value in sandbox.items()
-        if (key == "mode" and value != SandboxMode.BWRAP.value)
-        or (key == "network" and value is not False)
-        or (key == "pass_env" and value)
-    ]
-    if loosened:
-        raise ConfigError(
-            f"{source}: [sandbox] {', '.join(loosened)} would loosen the sandbox, and a "
-            "repository's own merlin.toml may not (its content is untrusted, like its code): "
-            "put these settings in a file you pass with --config"
-        )
 
 
 def check_scripted_files(config: MerlinConfig) -> None:

@@ -208,23 +208,42 @@ def ensure_environment(
 
 
 def step_confinement(
-    worktree: Path, environment: BuiltEnvironment | None, config: MerlinConfig
+    worktree: Path,
+    environment: BuiltEnvironment | None,
+    config: MerlinConfig,
+    *,
+    writable: bool = True,
 ) -> Confinement:
-    """How a step's commands (tools, exit command) are confined in ``worktree``."""
+    """How a step's commands (tools, exit command, MCP servers) are confined in ``worktree``.
+
+    The `[permissions]` path rules reach them as mounts: what a `Read` deny covers is
+    hidden, what an `Edit`/`Write` deny covers is read-only (``Permissions.masks``, taken
+    from the worktree as it is now). ``writable=False``: the worktree is read-only too
+    (an agent without a tool that writes).
+    """
     if environment is None:
         # No environment: merlin's own interpreter first on PATH (read-only).
-        return Confinement(
+        confinement = Confinement(
             worktree=worktree,
             network=config.sandbox.network,
             read_only=python_mounts(None),
             path=(str(Path(sys.executable).parent),),
+            worktree_writable=writable,
         )
-    return Confinement(
-        worktree=worktree,
-        env_dir=environment.path,
-        network=config.sandbox.network,
-        read_only=python_mounts(environment.path),
-    )
+    else:
+        confinement = Confinement(
+            worktree=worktree,
+            env_dir=environment.path,
+            network=config.sandbox.network,
+            read_only=python_mounts(environment.path),
+            worktree_writable=writable,
+        )
+    rules = config.permissions
+    if rules.deny or rules.ask or rules.default == "deny":
+        from merlin_flow.permissions import Permissions
+
+        confinement = confinement.masked(Permissions(rules, root=worktree).masks(worktree))
+    return confinement
 
 
 def _build(

@@ -9,6 +9,7 @@ The tree is shallow and split by who must act::
     │   ├── RepositoryError      --repo is not a usable git work tree or git URL
     │   ├── JobNotFoundError     no job has the given id
     │   ├── SandboxUnavailable   the configured sandbox (bwrap) cannot run here
+    │   ├── AgentFileError       an agent file is invalid, or its imports form a cycle
     │   └── NoModelAvailable     no configured tier has its credentials or server
     ├── StoreError               the database cannot be used (schema not upgraded...)
     ├── GitError                 a git command failed unexpectedly
@@ -16,7 +17,9 @@ The tree is shallow and split by who must act::
     ├── SetupFailed              the project's environment could not be built (job fails)
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
     │   ├── AgentError           the agent could not finish (turn limit, model error)
-    │   │   └── ModelUnreachable the tier's model cannot be used (no key, no server)
+    │   │   ├── ModelUnreachable the tier's model cannot be used (no key, no server)
+    │   │   └── ModelRefused     the model declined, or a provider's filter stopped it
+    │   ├── ToolSourceError      an MCP server could not start or list its tools
     │   ├── ReplayDiverged       a replay asked for a call the original job never made
     │   └── PlanUnreadable       a planner's answer holds no plan in a format merlin reads
     ├── BudgetExceeded           control flow: the job's budget is spent; the job stops
@@ -63,6 +66,10 @@ class SandboxUnavailable(InputError):
     """`[sandbox] mode = "bwrap"` is configured but bubblewrap cannot run on this machine."""
 
 
+class AgentFileError(InputError):
+    """An agent file (or a file it imports) cannot be read or does not validate."""
+
+
 class NoModelAvailable(InputError):
     """No configured tier has its credentials or its server: no attempt could succeed."""
 
@@ -99,6 +106,23 @@ class ModelUnreachable(AgentError):
     Never retried as transient and never given a fix attempt: the step goes to the next
     tier, or fails naming the tier, the model and what is missing.
     """
+
+
+class ModelRefused(AgentError):
+    """The model declined the request, or its provider's filter stopped the reply.
+
+    A reply was paid for (``completion``, an ``llm.Completion``) but holds nothing to act
+    on. The message is the provider's reason when it gives one.
+    """
+
+    def __init__(self, reason: str, completion: object = None) -> None:
+        """A refusal for ``reason``, in the reply ``completion``."""
+        super().__init__(reason)
+        self.completion = completion
+
+
+class ToolSourceError(StepFailure):
+    """An MCP server could not be started, or did not list its tools; the attempt fails."""
 
 
 class ReplayDiverged(StepFailure):

@@ -63,6 +63,12 @@ class StepView(TypedDict):
     """Of those, the ones that have not passed yet."""
     on_failure: str
     """``stop`` or ``continue``: what this step's failure does to the job."""
+    agent: str | None
+    """The step's agent (None: merlin's plain coding agent)."""
+    agent_choice: str | None
+    """How it was chosen: ``named``, ``default`` or ``autodelegated``."""
+    agent_score: float | None
+    """For an autodelegated agent, its match score (``[agents] min_score``)."""
     error: str | None
     result: str | None
     """What the step did; for a skipped step, why it was skipped."""
@@ -190,6 +196,9 @@ def job_view(db: Database, job_id: str) -> JobView:
                     "depends_on": list(step.depends_on or []),
                     "waiting_on": waiting_on(job.steps, step),
                     "on_failure": step.on_failure,
+                    "agent": step.agent,
+                    "agent_choice": step.agent_choice,
+                    "agent_score": step.agent_score,
                     "error": step.error,
                     "result": step.result,
                     "started_at": _iso(step.started_at),

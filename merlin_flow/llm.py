@@ -19,7 +19,7 @@ from typing import Any
 
 from merlin_flow.config import Tier
 from merlin_flow.endpoints import KEYED_AT_ANY_ENDPOINT, api_key
-from merlin_flow.errors import ModelUnreachable
+from merlin_flow.errors import ModelRefused, ModelUnreachable
 
 _lock = threading.Lock()
 READ_ONLY_WARNING = r".*using the `ReadOnly` qualifier"
@@ -99,6 +99,25 @@ class Completion:
         return list(self.message.get("tool_calls") or [])
 
 
+CONTENT_FILTERED = "the provider's content filter stopped the reply (finish_reason content_filter)"
+
+
+def refusal(choice: Any) -> str | None:
+    """Why a reply's ``choice`` refuses the request, or None when it answers it.
+
+    OpenAI says so in ``message.refusal``; litellm puts Anthropic's ``stop_details``
+    explanation there too. Anthropic's ``stop_reason: "refusal"``, Gemini's SAFETY (and
+    other blocking) finish reasons and its blocked prompts reach litellm's
+    ``finish_reason`` as "content_filter", mostly with no reason given.
+    """
+    text = getattr(choice.message, "refusal", None)
+    if isinstance(text, str) and text.strip():
+        return text.strip()
+    if getattr(choice, "finish_reason", None) == "content_filter":
+        return CONTENT_FILTERED
+    return None
+
+
 def request_hash(model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
     """A stable hash of a request: same model, messages and tools give the same hash."""
     body = json.dumps({"model": model, "messages": messages, "tools": tools}, sort_keys=True)
@@ -121,7 +140,8 @@ def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, A
 
     The provider client never retries (merlin's retry decision is the only one, and every
     request is journaled); the tier's endpoint, key variable and version are used as the
-    job stored them. litellm's exceptions propagate (``model_errors.examine`` reads them).
+    job stored them. litellm's exceptions propagate (``model_errors.examine`` reads them);
+    a reply that refuses the request raises ModelRefused.
     """
     litellm = litellm_module()
     kwargs: dict[str, Any] = {
@@ -153,7 +173,7 @@ def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, A
     usage = getattr(response, "usage", None)
     prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
     completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
-    return Completion(
+    completion = Completion(
         message=message,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
@@ -162,6 +182,10 @@ def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, A
         request_hash=request_hash(tier.model, messages, tools),
         raw=response.model_dump(mode="json"),
     )
+    reason = refusal(choice)
+    if reason is not None:
+        raise ModelRefused(reason, completion)
+    return completion
 
 
 def outgoing(messages: list[dict[str, Any]], tier: Tier) -> list[dict[str, Any]]:

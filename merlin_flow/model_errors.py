@@ -11,6 +11,7 @@ budget refused (litellm's BudgetExceeded)     budget       the job stops
 no server (connection refused, unknown host)  access       next tier, no retry
 401, 403, 402, 404 (key, permission, model)   access       next tier, no retry
 context window exceeded                       capability   the attempt ends
+the model refused (errors.ModelRefused)       capability   the attempt ends
 other 4xx (the request was refused)           capability   the attempt ends
 429, 408, timeouts, dropped connections       transient    retried (``decide``)
 5xx                                           transient    retried, unless the same
@@ -43,6 +44,7 @@ ACCESS_ERRORS = {
     "PermissionDeniedError": 403,
     "NotFoundError": 404,
 }
+REFUSAL_ERRORS = frozenset({"ModelRefused"})
 CONTEXT_WORDS = re.compile(r"context (length|window)|maximum context|too many tokens", re.I)
 
 
@@ -85,6 +87,8 @@ def examine(exc: BaseException) -> ModelFailure:
             return ModelFailure(FailureKind.ACCESS, "unusable here", None, detail)
         what = "unknown host" if "gaierror" in names else "no server answers"
         return ModelFailure(FailureKind.ACCESS, what, None, _detail(root))
+    if names & REFUSAL_ERRORS:
+        return ModelFailure(FailureKind.CAPABILITY, "the model refused", None, detail)
     if "ContextWindowExceededError" in names or (status == 400 and CONTEXT_WORDS.search(detail)):
         return ModelFailure(FailureKind.CAPABILITY, "context window exceeded", status, detail)
     for name, code in ACCESS_ERRORS.items():

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from merlin_flow.agent_choice import choose_agents
+from merlin_flow.agent_files import load_agents
 from merlin_flow.budget import require_priced_tiers
 from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config
 from merlin_flow.credentials import require_a_usable_tier
@@ -50,6 +52,7 @@ from merlin_flow.store import Database, Job, JobStatus, utcnow
 from merlin_flow.submission import (
     add_steps,
     check_budget,
+    check_exit_commands,
     default_exit_commands,
     left_out_warnings,
     new_job_id,
@@ -97,7 +100,7 @@ def submit_request(
     with refusals_as_input_errors(repository):
         base = repository.base_commit()
     with repository.files_at(base) as files:
-        config = pin_endpoints(load_config(files, config_path))
+        config = pin_endpoints(load_config(files, config_path, settings.home_dir))
     if check_tiers:
         require_a_usable_tier(config)
     kind = classify(request)
@@ -225,6 +228,8 @@ def approve_job(
     repository = repository_of(location, settings)
     with refusals_as_input_errors(repository), repository.files_at(base) as files:
         commands = default_exit_commands(chosen, config, files)
+        agents = choose_agents(chosen.steps, config, load_agents(files, settings.home_dir))
+    check_exit_commands(chosen, config, commands)
     with db.session() as session:
         job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "approved")
         with refusals_as_input_errors(repository):
@@ -232,7 +237,7 @@ def approve_job(
         try:
             job.tasklist = chosen.model_dump(mode="json")
             job.title = chosen.title
-            add_steps(job, chosen, config, commands, settings)
+            add_steps(job, chosen, config, commands, settings, agents)
             who = approved_by or user_name()
             job.plan = dict(job.plan or {}, approved_by=who, approved_at=utcnow().isoformat())
             job.plan["edited"] = tasklist is not None

@@ -6,15 +6,27 @@ sees:
 
 - the system (``/usr``, ``/etc`` less its password files) read-only, a private ``/tmp``,
   its own ``/proc`` and PID namespace, and no network unless ``[sandbox] network``;
-- the attempt's worktree read-write at ``/workspace`` (its ``.git`` pointer read-only),
-  and the project's environment read-only at ``/merlin/env`` (writable during setup);
+- the attempt's worktree read-write at ``/workspace`` (its ``.git`` pointer read-only;
+  the whole worktree read-only for a read-only agent), and the project's environment
+  read-only at ``/merlin/env`` (writable during setup);
+- the paths ``[permissions]`` denies (``SandboxMasks``, from
+  ``merlin_flow.permissions``): a hidden folder is an empty read-only tmpfs, a hidden
+  file is ``/dev/null`` on a ``nodev`` mount (opening it fails), a protected path is
+  bound read-only onto itself;
 - an environment built from an allowlist: never the worker's keys, tokens or URLs.
+
+Every capability is dropped (``--cap-drop ALL``), also for a worker running as root, so
+a command can neither unmount a mask nor remount the worktree; in a namespace of its own
+the masks are locked to the mounts beneath them and cannot be peeled off or bypassed
+with a bind mount either. Masks are mounts on real paths, so a symlink inside the
+worktree leads to the mask, not around it.
 
 Nothing of the user's home, ``MERLIN_HOME``, other worktrees or the repository's git
 directory is mounted. The sandbox dies with its parent and is killed whole on timeout.
 
 ``mode = "none"`` runs the same commands directly, as the worker's user, with the same
-allowlisted environment; it is for machines without bubblewrap and is warned about.
+allowlisted environment; it is for machines without bubblewrap and is warned about. It
+cannot mask anything: ``unenforceable`` says what a confinement then loses.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from merlin_flow.config import Sandbox, SandboxMode
@@ -80,6 +92,16 @@ TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
 @dataclass(frozen=True)
+class SandboxMasks:
+    """Host paths inside a worktree that commands must not read, or must not change."""
+
+    hidden: tuple[Path, ...] = ()
+    """Files and folders hidden from commands (a folder stands for all it holds)."""
+    read_only: tuple[Path, ...] = ()
+    """Files and folders commands may read but not change."""
+
+
+@dataclass(frozen=True)
 class Confinement:
     """What one command may see besides the system: its worktree, environment, mounts."""
 
@@ -99,6 +121,21 @@ class Confinement:
     """Folders put first on PATH, as the command sees them."""
     variables: Mapping[str, str] = field(default_factory=dict)
     """Variables set for the command, after the allowlist."""
+    hidden: tuple[Path, ...] = ()
+    """Host paths inside the worktree the command must not read (masked where it sees
+    them: a folder by an empty read-only tmpfs, a file by /dev/null)."""
+    read_only_paths: tuple[Path, ...] = ()
+    """Host paths inside the worktree the command must not change (bound read-only)."""
+    worktree_writable: bool = True
+    """False for a read-only agent: the whole worktree is bound read-only."""
+
+    def masked(self, masks: SandboxMasks) -> Confinement:
+        """A copy with ``masks`` (``Permissions.masks``) added to its own."""
+        return replace(
+            self,
+            hidden=(*self.hidden, *masks.hidden),
+            read_only_paths=(*self.read_only_paths, *masks.read_only),
+        )
 
     def inside(self, config: Sandbox) -> tuple[str, str | None]:
         """The worktree's and the environment's paths as the command sees them."""
@@ -179,7 +216,7 @@ def _has_credentials(value: str) -> bool:
 
 def bwrap_arguments(confinement: Confinement, env: Mapping[str, str]) -> list[str]:
     """The bubblewrap command line (without the command) for ``confinement``."""
-    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
+    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL"]
     if confinement.network:
         args.append("--share-net")
     args += ["--ro-bind", "/usr", "/usr"]
@@ -201,10 +238,12 @@ def bwrap_arguments(confinement: Confinement, env: Mapping[str, str]) -> list[st
         args += ["--ro-bind", str(folder), str(folder)]
     for host_path, inside in confinement.writable:
         args += ["--bind", str(host_path), inside]
-    args += ["--bind", str(confinement.worktree), WORKSPACE]
+    worktree_bind = "--bind" if confinement.worktree_writable else "--ro-bind"
+    args += [worktree_bind, str(confinement.worktree), WORKSPACE]
     git_pointer = confinement.worktree / ".git"
     if git_pointer.exists():  # merlin commits by it, outside: never let a command redirect it
         args += ["--ro-bind", str(git_pointer), f"{WORKSPACE}/.git"]
+    args += _mask_arguments(confinement)
     if confinement.env_dir is not None:
         bind = "--bind" if confinement.env_writable else "--ro-bind"
         args += [bind, str(confinement.env_dir), ENV_DIR]
@@ -212,6 +251,70 @@ def bwrap_arguments(confinement: Confinement, env: Mapping[str, str]) -> list[st
     for name, value in env.items():
         args += ["--setenv", name, value]
     return args
+
+
+def _mask_arguments(confinement: Confinement) -> list[str]:
+    """The mounts of ``hidden`` and ``read_only_paths``, at the paths the command sees.
+
+    Read-only binds come first so that a hidden path inside a protected one is still
+    hidden. A path is resolved first (a mount on a symlink lands on its target); one that
+    is gone, or that leads out of the worktree, is skipped: the command cannot reach it
+    at ``/workspace`` anyway.
+    """
+    args: list[str] = []
+    for host, inside in _inside_worktree(confinement.worktree, confinement.read_only_paths):
+        args += ["--ro-bind", str(host), inside]
+    for host, inside in _inside_worktree(confinement.worktree, confinement.hidden):
+        if host.is_dir():
+            args += ["--tmpfs", inside, "--remount-ro", inside]
+        else:  # /dev/null, bound without device access (nodev): opening it fails
+            args += ["--ro-bind", "/dev/null", inside]
+    return args
+
+
+def _inside_worktree(worktree: Path, paths: Sequence[Path]) -> list[tuple[Path, str]]:
+    root = worktree.resolve()
+    found = []
+    for path in paths:
+        host = (worktree / path).resolve()
+        if host.exists() and host.is_relative_to(root):
+            relative = host.relative_to(root).as_posix()
+            found.append((host, WORKSPACE if relative == "." else f"{WORKSPACE}/{relative}"))
+    return found
+
+
+def unenforceable(confinement: Confinement, config: Sandbox) -> str | None:
+    """What ``confinement`` asks that ``config`` cannot give, as a warning; else None.
+
+    With ``mode = "none"`` there are no mounts: hidden paths stay readable, protected
+    ones and a read-only worktree writable. Commands still run; merlin records this.
+    """
+    if config.mode is not SandboxMode.NONE:
+        return None
+    lost = []
+    if confinement.hidden:
+        lost.append(f"hide {_names(confinement, confinement.hidden)} from commands")
+    if confinement.read_only_paths:
+        lost.append(f"keep {_names(confinement, confinement.read_only_paths)} unchanged")
+    if not confinement.worktree_writable:
+        lost.append("keep the worktree read-only")
+    if not lost:
+        return None
+    return (
+        f'warning: [sandbox] mode = "none" cannot {" or ".join(lost)}: commands run '
+        "unconfined and reach them; only the tools' own [permissions] checks apply"
+    )
+
+
+def _names(confinement: Confinement, paths: Sequence[Path]) -> str:
+    root = confinement.worktree.resolve()
+    names = [
+        (root / p).resolve().relative_to(root).as_posix()
+        if (root / p).resolve().is_relative_to(root)
+        else str(p)
+        for p in paths[:5]
+    ]
+    return ", ".join(names) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
 @functools.cache

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from merlin_flow.agent_choice import AgentChoice, agent_tier_index, choose_agents
+from merlin_flow.agent_files import load_agents
 from merlin_flow.budget import require_priced_tiers
 from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config, scripts_inside
 from merlin_flow.credentials import require_a_usable_tier
@@ -78,13 +80,15 @@ def submit_job(
     with refusals_as_input_errors(repository):
         base = repository.base_commit()
     with repository.files_at(base) as files:  # one checkout for a URL: config and exit commands
-        config = load_config(files, config_path)
+        config = load_config(files, config_path, settings.home_dir)
         if repository.url is not None and scripts_inside(config, files):
             raise ConfigError(
                 f"merlin.toml in {repo} names scripted models by paths inside the repository, "
                 "and workers do not read files from a git URL's checkout: give --config"
             )
         commands = default_exit_commands(tasklist, config, files)
+        agents = choose_agents(tasklist.steps, config, load_agents(files, settings.home_dir))
+    check_exit_commands(tasklist, config, commands)
     if check_tiers:
         require_a_usable_tier(config)
     if works_here:
@@ -100,6 +104,7 @@ def submit_job(
         budget_usd,
         base_commit=base,
         exit_commands=commands,
+        agents=agents,
     )
     # The files that made the job are read as they are: no need to commit them.
     inputs = [p for p in (tasklist_file, config_path) if p is not None]
@@ -146,6 +151,7 @@ def create_job(
     base_commit: str | None = None,
     replay_of: str | None = None,
     exit_commands: list[str] | None = None,
+    agents: list[AgentChoice] | None = None,
 ) -> str:
     """Validate and record a job; returns its id. Raises InputError and writes nothing.
 
@@ -153,6 +159,7 @@ def create_job(
     The job starts from ``base_commit`` (the repository's HEAD when unset). A job with
     ``replay_of`` takes its model answers from that job's journal (``merlin replay``),
     and the original's ``exit_commands`` (one per step) rather than today's defaults.
+    ``agents``: each step's agent (``agent_choice.choose_agents``); chosen here if unset.
     """
     tasklist.check_submittable()
     config = pin_endpoints(config)  # the submitter's endpoints, for every worker
@@ -164,9 +171,11 @@ def create_job(
     with refusals_as_input_errors(repository):
         base = base_commit or repository.base_commit()
         commands = exit_commands
-        if not commands:
+        if not commands or agents is None:
             with repository.files_at(base) as files:
-                commands = default_exit_commands(tasklist, config, files)
+                commands = commands or default_exit_commands(tasklist, config, files)
+                catalog = load_agents(files, settings.home_dir)
+                agents = agents or choose_agents(tasklist.steps, config, catalog)
         job_id = new_job_id()
         branch = job_branch(job_id)
         repository.start_branch(branch, base)
@@ -186,7 +195,7 @@ def create_job(
                 replay_of=replay_of,
             )
             session.add(job)
-            add_steps(job, tasklist, config, commands, settings)
+            add_steps(job, tasklist, config, commands, settings, agents)
             add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
     except BaseException:
         repository.drop_branch(branch)
@@ -195,18 +204,27 @@ def create_job(
 
 
 def add_steps(
-    job: Job, tasklist: TaskList, config: MerlinConfig, commands: list[str], settings: Settings
+    job: Job,
+    tasklist: TaskList,
+    config: MerlinConfig,
+    commands: list[str],
+    settings: Settings,
+    agents: list[AgentChoice],
 ) -> None:
     """Give ``job`` a row per step, routed to its first tier; queue those that may start.
 
-    The steps that need no other are queued (``graph.runnable``: at most
-    ``max_parallel_steps`` of them).
+    A step's agent may name its first tier (`tier:` or `model:`). The steps that need no
+    other are queued (``graph.runnable``: at most ``max_parallel_steps`` of them).
     """
     starts = [start_tier(step, config) for step in tasklist.steps]
     needs = dependencies(tasklist.steps)
-    for position, (step, (start, complexity), command, depends_on) in enumerate(
-        zip(tasklist.steps, starts, commands, needs, strict=True)
+    for position, (step, (start, complexity), command, depends_on, choice) in enumerate(
+        zip(tasklist.steps, starts, commands, needs, agents, strict=True)
     ):
+        agent = choice.agent
+        own = agent_tier_index(agent, config)
+        if own is not None and step.tier is None:  # the step's own `tier:` wins
+            start = own
         row = Step(
             position=position,
             key=step.id,
@@ -214,7 +232,10 @@ def add_steps(
             description=step.description,
             verification=step.verification,
             exit_command=command,
-            agent=step.agent,
+            agent=agent.name if agent is not None else None,
+            agent_spec=agent.to_record() if agent is not None else None,
+            agent_choice=choice.how,
+            agent_score=choice.score,
             depends_on=depends_on,
             on_failure=(step.on_failure or tasklist.on_failure).value,
             status=StepStatus.PENDING,
@@ -227,6 +248,17 @@ def add_steps(
     for row in runnable(job.steps, config.limits.max_parallel_steps):
         for key, value in queued_values(settings.handoff_seconds).items():
             setattr(row, key, value)
+
+
+def check_exit_commands(tasklist: TaskList, config: MerlinConfig, commands: list[str]) -> None:
+    """InputError when a `Bash(...)` deny or ask rule refuses a step's exit command."""
+    from merlin_flow.permissions import Permissions
+
+    permissions = Permissions(config.permissions)
+    for step, command in zip(tasklist.steps, commands, strict=True):
+        refusal = permissions.check_command(command)
+        if refusal is not None:
+            raise InputError(f"step {step.id}: its exit command cannot run: {refusal}")
 
 
 def default_exit_commands(tasklist: TaskList, config: MerlinConfig, files: Path) -> list[str]:

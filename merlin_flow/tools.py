@@ -1,4 +1,4 @@
-"""The agent's tools, confined to one worktree, in OpenAI function-call format.
+"""The agent's tools, confined to one worktree (described in ``merlin_flow.tool_schemas``).
 
 Every path argument is resolved (symlinks included) and must stay inside the worktree;
 the repository's ``.git`` entry is off limits too. A refused or failing call returns an
@@ -6,7 +6,16 @@ the repository's ``.git`` entry is off limits too. A refused or failing call ret
 
 ``run_command`` runs a shell command in the sandbox (``merlin_flow.sandbox``): the
 worktree at ``/workspace``, the project's environment first on PATH, no network, no
-home and no secret, killed whole at its timeout.
+home and no secret, killed whole at its timeout. ``finish`` ends the attempt: the loop
+(``merlin_flow.agent``) acts on it, the toolbox only answers "finished".
+
+Seams for what plugs in from elsewhere: a ``gate`` sees every call (name and parsed
+arguments) before it runs and may refuse it; ``readable`` hides files from ``grep`` and
+``list_files``; ``extra`` adds ``ExternalTool`` objects (MCP servers' tools) after the
+built-in ones. A repeated read of an unchanged file, a write of a file's own content and
+an edit whose ``new`` is its ``old`` are answered without their effect
+(``merlin_flow.tool_memo``). A failed edit is answered with the closest passages of the
+file, or where a repeated ``old`` occurs (``merlin_flow.tool_views``).
 """
 
 from __future__ import annotations
@@ -15,78 +24,60 @@ import fnmatch
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from merlin_flow.config import Sandbox
 from merlin_flow.sandbox import Confinement, python_mounts, run_confined
+from merlin_flow.tool_memo import DEFAULT_WINDOW, ReadMemo
+from merlin_flow.tool_schemas import FINISH as FINISH  # re-exported: the loop acts on it
+from merlin_flow.tool_schemas import TOOL_SCHEMAS as TOOL_SCHEMAS  # re-exported
+from merlin_flow.tool_views import closest, line_number, numbered, occurrences
 
 MAX_READ_CHARS = 100_000
 MAX_LIST_ENTRIES = 500
 MAX_GREP_MATCHES = 200
 
-
 READ_ONLY_TOOLS = ("read_file", "list_files", "grep")
 """The tools of a question's agent: it reads, lists and greps, and changes nothing."""
+FINISHED = "finished"
+"""The toolbox's answer to a well-formed ``finish`` call."""
+
+Gate = Callable[[str, dict[str, Any]], str | None]
+"""Called with a tool's name and parsed arguments before it runs; a text refuses it."""
+Readable = Callable[[str], bool]
+"""Whether a file (path relative to the worktree, posix) may be shown by grep and list."""
+
+
+class ExternalTool(Protocol):
+    """A tool from elsewhere (an MCP server's), offered after the built-in ones."""
+
+    @property
+    def name(self) -> str:
+        """The name the model calls it by (unique among the toolbox's tools)."""
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """Its description in OpenAI function-call format, like ``TOOL_SCHEMAS`` entries."""
+
+    def call(self, arguments: dict[str, Any]) -> str:
+        """Run it; any exception is turned into an ``error:`` reply by the toolbox."""
 
 
 class ToolRefused(Exception):
     """A tool call asked for something outside its bounds (turned into an error reply)."""
 
 
-def _schema(name: str, description: str, **params: tuple[str, str]) -> dict[str, Any]:
-    required = [key for key, (_type, _doc) in params.items() if not _doc.startswith("optional")]
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    key: {"type": type_, "description": doc} for key, (type_, doc) in params.items()
-                },
-                "required": required,
-            },
-        },
-    }
-
-
-TOOL_SCHEMAS: list[dict[str, Any]] = [
-    _schema("read_file", "Read a text file.", path=("string", "path relative to the repository")),
-    _schema(
-        "write_file",
-        "Create or overwrite a file with the given content.",
-        path=("string", "path relative to the repository"),
-        content=("string", "the whole new content"),
-    ),
-    _schema(
-        "edit_file",
-        "Replace one exact occurrence of `old` with `new` in a file.",
-        path=("string", "path relative to the repository"),
-        old=("string", "exact text to find; must occur exactly once"),
-        new=("string", "replacement text"),
-    ),
-    _schema(
-        "list_files",
-        "List files under a folder, optionally filtered by a glob pattern.",
-        path=("string", "optional folder relative to the repository (default: the root)"),
-        pattern=("string", "optional glob on the relative path, e.g. '*.py'"),
-    ),
-    _schema(
-        "grep",
-        "Search files for a regular expression; returns path:line: text matches.",
-        pattern=("string", "Python regular expression"),
-        path=("string", "optional file or folder to search (default: the root)"),
-    ),
-    _schema(
-        "run_command",
-        "Run a shell command in the repository root and return its exit code and output.",
-        command=("string", "the shell command"),
-        timeout=("number", "optional seconds before the command is killed"),
-    ),
-]
+def parse_arguments(name: str, arguments: str | dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments as a dict; ToolRefused saying why when they are not an object."""
+    try:
+        args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+    except json.JSONDecodeError as exc:
+        raise ToolRefused(f"arguments of {name} are not valid JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise ToolRefused(f"arguments of {name} must be a JSON object")
+    return args
 
 
 class Toolbox:
@@ -99,12 +90,21 @@ class Toolbox:
         confinement: Confinement | None = None,
         sandbox: Sandbox | None = None,
         only: tuple[str, ...] | None = None,
+        *,
+        gate: Gate | None = None,
+        readable: Readable | None = None,
+        extra: Sequence[ExternalTool] = (),
+        offer_finish: bool = True,
+        memo_window: int = DEFAULT_WINDOW,
     ) -> None:
         """Bind the tools to ``root``; ``command_timeout`` caps `run_command`.
 
         ``confinement`` and ``sandbox`` say where `run_command` runs; by default in the
         bubblewrap sandbox with merlin's own interpreter first on PATH. ``only`` keeps
-        these tools and no other (``READ_ONLY_TOOLS``).
+        these tools (built-in or ``extra``) and no other (``READ_ONLY_TOOLS``); `finish`
+        is offered whatever ``only`` says, unless ``offer_finish`` is False. ``gate``
+        may refuse any call but `finish`; ``readable`` hides files from walks.
+        ``memo_window``: turns a repeated read of an unchanged file is suppressed for.
         """
         self.root = root.resolve()
         self.command_timeout = command_timeout
@@ -114,6 +114,10 @@ class Toolbox:
             path=(str(Path(sys.executable).parent),),
         )
         self.sandbox = sandbox or Sandbox()
+        self.gate = gate
+        self.readable = readable
+        self._memo = ReadMemo(memo_window)
+        self._turn = 0
         self._tools: dict[str, Callable[..., str]] = {
             "read_file": self.read_file,
             "write_file": self.write_file,
@@ -122,30 +126,50 @@ class Toolbox:
             "grep": self.grep,
             "run_command": self.run_command,
         }
+        self._extra: dict[str, ExternalTool] = {}
+        for tool in extra:
+            if tool.name in self._tools or tool.name in self._extra or tool.name == FINISH:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            self._extra[tool.name] = tool
         if only is not None:
             self._tools = {name: tool for name, tool in self._tools.items() if name in only}
+            self._extra = {name: tool for name, tool in self._extra.items() if name in only}
+        if offer_finish:
+            self._tools[FINISH] = self.finish
 
     @property
     def names(self) -> list[str]:
-        """Names of the available tools."""
-        return list(self._tools)
+        """Names of the available tools: built-in ones, `finish`, then the extra ones."""
+        return [*self._tools, *self._extra]
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
         """The available tools in function-call format, as the model is offered them."""
-        return [s for s in TOOL_SCHEMAS if s["function"]["name"] in self._tools]
+        own = [s for s in TOOL_SCHEMAS if s["function"]["name"] in self._tools]
+        return own + [tool.schema for tool in self._extra.values()]
 
-    def call(self, name: str, arguments: str | dict[str, Any]) -> str:
-        """Run one tool call and return its reply text (errors included)."""
+    def call(self, name: str, arguments: str | dict[str, Any], turn: int = 0) -> str:
+        """Run one tool call made at ``turn``; return its reply text (errors included)."""
         tool = self._tools.get(name)
-        if tool is None:
-            return f"error: unknown tool {name!r}; available: {', '.join(self._tools)}"
+        if tool is None and name not in self._extra:
+            return f"error: unknown tool {name!r}; available: {', '.join(self.names)}"
         try:
-            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
-        except json.JSONDecodeError as exc:
-            return f"error: arguments of {name} are not valid JSON: {exc}"
-        if not isinstance(args, dict):
-            return f"error: arguments of {name} must be a JSON object"
+            args = parse_arguments(name, arguments)
+        except ToolRefused as exc:
+            return f"error: {exc}"
+        if self.gate is not None and name != FINISH:
+            try:
+                refusal = self.gate(name, args)
+            except Exception as exc:  # a broken check refuses: it never lets a call through
+                refusal = f"{name} refused: the permission check failed: {exc}"
+            if refusal is not None:
+                return f"error: {refusal}"
+        if tool is None:
+            try:
+                return self._extra[name].call(args)
+            except Exception as exc:  # another program's failure is the model's to read
+                return f"error: {name} failed: {exc}"
+        self._turn = turn
         try:
             return tool(**args)
         except (TypeError, ValueError) as exc:
@@ -167,23 +191,43 @@ class Toolbox:
             raise ToolRefused(f"path {path!r} is inside .git, which tools may not touch")
         return target
 
-    def read_file(self, path: str) -> str:
-        """Return the file's text (truncated past MAX_READ_CHARS)."""
+    def read_file(
+        self, path: str, start_line: int | None = None, end_line: int | None = None
+    ) -> str:
+        """The file's text (truncated past MAX_READ_CHARS), or numbered lines of a range."""
         target = self.resolve(path)
         if not target.is_file():
             raise ToolRefused(f"{path!r} is not a file")
+        first, last = line_number(start_line, "start_line"), line_number(end_line, "end_line")
         text = target.read_text(encoding="utf-8")
-        if len(text) > MAX_READ_CHARS:
-            return text[:MAX_READ_CHARS] + f"\n[truncated at {MAX_READ_CHARS} characters]"
-        return text
+        rel = self._rel(target)
+        if first is None and last is None:
+            reply, part = text, ""
+            if len(text) > MAX_READ_CHARS:
+                reply = (
+                    text[:MAX_READ_CHARS] + f"\n[truncated at {MAX_READ_CHARS} characters; "
+                    f"{rel} has {len(text.splitlines())} lines: read on with start_line]"
+                )
+        else:
+            reply = _numbered_range(rel, text.splitlines(), first or 1, last)
+            part = f" (lines {first or 1}-{last or 'end'})"
+        since = self._memo.unchanged_since((rel, first, last), text, self._turn)
+        if since is not None:
+            return f"unchanged since turn {since}: {rel}{part} is as you read it then"
+        return reply
 
     def write_file(self, path: str, content: str) -> str:
         """Write ``content`` to the file, creating folders as needed."""
         target = self.resolve(path)
         if target == self.root or target.is_dir():
             raise ToolRefused(f"{path!r} is a folder")
+        if not isinstance(content, str):
+            raise TypeError("content must be a string")
+        if target.is_file() and target.read_bytes() == content.encode("utf-8"):
+            return f"unchanged: {self._rel(target)} already holds this content; nothing written"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
+        self._memo.forget(self._rel(target))
         return f"wrote {len(content)} characters to {self._rel(target)}"
 
     def edit_file(self, path: str, old: str, new: str) -> str:
@@ -193,10 +237,19 @@ class Toolbox:
             raise ToolRefused(f"{path!r} is not a file")
         text = target.read_text(encoding="utf-8")
         count = text.count(old) if old else 0
-        if count != 1:
-            found = "not found" if count == 0 else f"found {count} times"
-            raise ToolRefused(f"`old` must occur exactly once in {path!r}; {found}")
+        if count == 0:
+            hint = f"; {closest(text.splitlines(), old)}" if old else ""
+            raise ToolRefused(f"`old` must occur exactly once in {path!r}; not found{hint}")
+        if count > 1:
+            at = occurrences(text, old)
+            raise ToolRefused(
+                f"`old` must occur exactly once in {path!r}; found {count} times, at lines "
+                f"{at}: add neighbouring lines to `old` to pick one"
+            )
+        if new == old:
+            return f"unchanged: `new` is the same as `old`; {self._rel(target)} not edited"
         target.write_text(text.replace(old, new, 1), encoding="utf-8")
+        self._memo.forget(self._rel(target))
         return f"edited {self._rel(target)}"
 
     def list_files(self, path: str = ".", pattern: str | None = None) -> str:
@@ -223,7 +276,7 @@ class Toolbox:
         base = self.resolve(path)
         files = [base] if base.is_file() else sorted(self._walk(base))
         matches: list[str] = []
-        for file in files:
+        for file in filter(self._shown, files):
             try:
                 lines = file.read_text(encoding="utf-8").splitlines()
             except (UnicodeDecodeError, OSError):
@@ -242,15 +295,39 @@ class Toolbox:
         result = run_confined(argv, self.confinement, self.sandbox, limit)
         return f"exit code: {result.exit_code}\n{result.output_tail}"
 
+    def finish(self, summary: str) -> str:
+        """Acknowledge the end of the attempt (the loop reads ``summary`` and stops)."""
+        if not isinstance(summary, str):
+            raise TypeError("summary must be a string")
+        return FINISHED
+
     def _walk(self, base: Path) -> list[Path]:
         found = []
         for item in base.rglob("*"):
             rel = item.relative_to(self.root)
             if rel.parts and rel.parts[0] == ".git":
                 continue
-            if item.is_file() and item.resolve().is_relative_to(self.root):
+            if item.is_file() and item.resolve().is_relative_to(self.root) and self._shown(item):
                 found.append(item)
         return found
 
+    def _shown(self, file: Path) -> bool:
+        return self.readable is None or self.readable(self._rel(file))
+
     def _rel(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
+
+
+def _numbered_range(rel: str, lines: list[str], first: int, last: int | None) -> str:
+    """Lines ``first`` to ``last`` of a file, numbered, under a header with its line count."""
+    total = len(lines)
+    if first > total:
+        raise ToolRefused(f"start_line {first} is past the end: {rel} has {total} lines")
+    if last is not None and last < first:
+        raise ToolRefused(f"end_line {last} is before start_line {first}")
+    end = total if last is None else min(last, total)
+    note = f" (end_line {last} is past the end)" if last is not None and last > total else ""
+    body = numbered(lines[first - 1 : end], first)
+    if len(body) > MAX_READ_CHARS:
+        body = body[:MAX_READ_CHARS] + f"\n[truncated at {MAX_READ_CHARS} characters]"
+    return f"{rel}: lines {first}-{end} of {total}{note}\n{body}"

@@ -16,7 +16,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from merlin_flow.agent import first_messages
-from merlin_flow.attempt import step_brief, step_environment
+from merlin_flow.attempt import step_environment
 from merlin_flow.budget import BudgetGuard
 from merlin_flow.config import MerlinConfig
 from merlin_flow.environment import prepare_worktree, step_confinement
@@ -60,6 +60,7 @@ from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
 from merlin_flow.spec_check import SpecOutcome
 from merlin_flow.spec_review import review_attempt
+from merlin_flow.step_tools import step_brief
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     Attempt,
@@ -450,8 +451,7 @@ def _escalation_over_budget(
     budget = session.get_one(Job, held.job_id).budget_usd
     if nxt.action is not Action.ESCALATE or budget is None:
         return None
-    feedback = feedback_for(AttemptKind.ESCALATE, list(step.attempts))
-    messages = first_messages(step_brief(step), feedback)
+    messages = first_messages(step_brief(step), feedback_for(AttemptKind.ESCALATE, step.attempts))
     guard = BudgetGuard(held.db, held.job_id, budget, held.config.limits.expected_completion_tokens)
     try:
         guard.check(held.config.tiers[nxt.tier_index], messages, TOOL_SCHEMAS, "escalating")

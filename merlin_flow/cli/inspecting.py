@@ -183,7 +183,8 @@ def doctor(
         from merlin_flow.settings import get_settings
 
         top = find_repository(repo) if repo is not None else None
-        checks = run_checks(get_settings(), load_config(top, config), top)
+        settings = get_settings()
+        checks = run_checks(settings, load_config(top, config, settings.home_dir), top)
         failed = any(check.verdict is Verdict.FAIL for check in checks)
         if as_json:
             console.print_json(json.dumps([check.as_dict() for check in checks]))

@@ -60,7 +60,7 @@ def plan(
         with refusals_as_input_errors(repository):
             base = repository.base_commit()
         with repository.files_at(base) as files:
-            merlin_config = load_config(files, config)
+            merlin_config = load_config(files, config, get_settings().home_dir)
         made = make_plan(
             request, merlin_config, request_context(repository, base, merlin_config, request)
         )
@@ -155,7 +155,7 @@ def _project_specs(repo: str, config: Path | None) -> tuple[list[Any], Any]:
     with refusals_as_input_errors(repository):
         base = repository.base_commit()
     with repository.files_at(base) as files:
-        merlin_config = load_config(files, config)
+        merlin_config = load_config(files, config, get_settings().home_dir)
     return load_specs(repository.path, base, merlin_config.specs.paths), merlin_config
 
 

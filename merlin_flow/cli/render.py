@@ -104,8 +104,9 @@ def steps_lines(view: JobView, stalled: bool = False) -> Text:
         if not step["attempts"] and step["status"] == "Skipped":
             attempts = step["result"] or "skipped"
         needs = f"needs {_needs(step).plain} · " if step.get("depends_on") else ""
+        agent = f"agent {agent_label(step)} · " if step.get("agent") else ""
         lines.append(
-            f"  {step['id']} · {step['step_type']} · {needs}{step['status']} · tier "
+            f"  {step['id']} · {step['step_type']} · {agent}{needs}{step['status']} · tier "
             f"{step['tier'] or '-'} · {_elapsed(step.get('started_at'), step.get('finished_at'))}"
             f" · {attempts} · exit command: {step['exit_command']}"
         )
@@ -144,6 +145,9 @@ def _steps_table(view: JobView, stalled: bool = False) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("step")
     table.add_column("type")
+    agents = any(step.get("agent") for step in view["steps"])
+    if agents:
+        table.add_column("agent")
     table.add_column("needs")
     table.add_column("status")
     table.add_column("tier")
@@ -159,6 +163,7 @@ def _steps_table(view: JobView, stalled: bool = False) -> Table:
         table.add_row(
             step["id"],
             step["step_type"],
+            *([agent_label(step)] if agents else []),
             _needs(step),
             Text(f"{icon} {step['status']}", style=STATUS_STYLE.get(step["status"], "")),
             step["tier"] or "",
@@ -168,6 +173,15 @@ def _steps_table(view: JobView, stalled: bool = False) -> Table:
             step["exit_command"],
         )
     return table
+
+
+def agent_label(step: StepView) -> str:
+    """The step's agent and, unless the step named it, how it was chosen."""
+    agent = step.get("agent") or ""
+    how = step.get("agent_choice")
+    if how == "autodelegated":
+        return f"{agent} (autodelegated, score {step.get('agent_score') or 0:.2f})"
+    return f"{agent} (default)" if how == "default" else agent
 
 
 def _needs(step: StepView) -> Text:

@@ -98,6 +98,13 @@ class Step(Base):
     verification: Mapped[str] = mapped_column(Text, default="")
     exit_command: Mapped[str] = mapped_column(Text)
     agent: Mapped[str | None] = mapped_column(String(128))
+    """The name of the step's agent (None: merlin's plain coding agent)."""
+    agent_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """The agent's definition as it was at submission (``AgentDefinition.to_record``)."""
+    agent_choice: Mapped[str | None] = mapped_column(String(16))
+    """How the agent was chosen: ``named`` (by the step), ``default``, ``autodelegated``."""
+    agent_score: Mapped[float | None] = mapped_column(Float)
+    """The autodelegation match score of the chosen agent."""
     depends_on: Mapped[list[str]] = mapped_column(JSON, default=list)
     """The steps that must pass before this one starts (``merlin_flow.graph``)."""
     on_failure: Mapped[str] = mapped_column(String(16), default="stop", server_default="stop")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 import yaml
 
 from merlin_flow.agent import (
+    SKIPPED,
     SYSTEM_PROMPT,
     AgentResult,
     StepBrief,
@@ -18,7 +20,7 @@ from merlin_flow.agent import (
 from merlin_flow.config import Limits, Tier
 from merlin_flow.errors import AgentError, LeaseLost
 from merlin_flow.llm import Completion
-from merlin_flow.tools import Toolbox
+from merlin_flow.tools import READ_ONLY_TOOLS, Toolbox
 
 BRIEF = StepBrief(
     step_key="s1",
@@ -395,3 +397,176 @@ def test_progress_is_reported_after_each_reply_and_after_its_tools(
         ["system", "user", "assistant", "tool"],
         ["system", "user", "assistant", "tool", "assistant"],
     ]
+
+
+# --- finish, and tool calls written as text ------------------------------------------------
+
+
+def test_finish_ends_the_attempt_with_its_summary(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {
+                "turn": 0,
+                "reply": {
+                    "content": "writing, then done",
+                    "tool_calls": [
+                        call("write_file", path="a.txt", content="1\n"),
+                        call("finish", summary="  a.txt holds 1  "),
+                        call("write_file", path="late.txt", content="no"),
+                    ],
+                },
+            },
+        ],
+    )
+    transcript: list[dict[str, Any]] = []
+    result = run_agent(tier, BRIEF, Toolbox(workdir), None, Calls(), transcript=transcript)
+    assert result == AgentResult(summary="a.txt holds 1", turns=1, finished=True)
+    assert (workdir / "a.txt").read_text() == "1\n"
+    assert not (workdir / "late.txt").exists()  # after finish: not run
+    answers = [m["content"] for m in transcript if m["role"] == "tool"]
+    assert answers == ["wrote 2 characters to a.txt", "finished", SKIPPED]
+
+
+def test_finish_without_a_summary_keeps_the_reply_text(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [{"reply": {"content": " all done ", "tool_calls": [call("finish", summary="")]}}],
+    )
+    assert agent(tier, workdir) == AgentResult(summary="all done", turns=1, finished=True)
+
+
+def test_a_malformed_finish_is_answered_and_the_loop_goes_on(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"turn": 0, "reply": {"tool_calls": [call("finish", note="no summary")]}},
+            {"match": "bad arguments for finish", "reply": {"content": "sorry"}},
+        ],
+    )
+    assert agent(tier, workdir) == AgentResult(summary="sorry", turns=2, finished=False)
+
+
+def test_a_reply_without_calls_ends_unfinished(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(tmp_path, [{"reply": {"content": "I think it is done."}}])
+    result = agent(tier, workdir)
+    assert (result.summary, result.finished) == ("I think it is done.", False)
+
+
+WRITTEN_CALL = (
+    "I will create the file.\n"
+    '<tool_call>\n{"name": "write_file", "arguments": {"path": "b.txt", "content": "hi\\n"}}'
+    "\n</tool_call>"
+)
+
+
+def test_a_tool_call_written_as_text_runs_then_finish(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"turn": 0, "reply": {"content": WRITTEN_CALL}},
+            {
+                "turn": 1,
+                "match": "wrote 3 characters to b.txt",
+                "reply": {"content": '{"name": "finish", "parameters": {"summary": "b.txt"}}'},
+            },
+        ],
+    )
+    calls = Calls()
+    transcript: list[dict[str, Any]] = []
+    result = run_agent(tier, BRIEF, Toolbox(workdir), None, calls, transcript=transcript)
+    assert result == AgentResult(summary="b.txt", turns=2, finished=True)
+    assert (workdir / "b.txt").read_text() == "hi\n"
+    assistant, answer = transcript[2], transcript[3]
+    # The reply is kept as written, and carries the call so providers accept its answer.
+    assert assistant["content"] == WRITTEN_CALL
+    assert assistant["tool_calls"] == [
+        {
+            "id": "text-0-1",
+            "type": "function",
+            "function": {
+                "name": "write_file",
+                "arguments": '{"path": "b.txt", "content": "hi\\n"}',
+            },
+        }
+    ]
+    assert answer == {
+        "role": "tool",
+        "tool_call_id": "text-0-1",
+        "content": "wrote 3 characters to b.txt",
+    }
+    assert transcript[4]["tool_calls"][0]["id"] == "text-1-1"
+    # The journal keeps the reply as the model gave it.
+    first = calls.seen[0][1]
+    assert first is not None
+    assert first.tool_calls == []
+
+
+def test_text_calls_of_tools_not_offered_are_plain_text(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(tmp_path, [{"reply": {"content": WRITTEN_CALL}}])
+    result = run_agent(
+        tier,
+        BRIEF,
+        Toolbox(workdir, only=READ_ONLY_TOOLS),
+        None,
+        Calls(),
+        limits=Limits(max_turns=3),
+    )
+    assert result == AgentResult(summary=WRITTEN_CALL, turns=1)
+    assert not (workdir / "b.txt").exists()
+
+
+def test_native_calls_win_over_text_calls(tmp_path: Path, workdir: Path) -> None:
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {
+                "turn": 0,
+                "reply": {"content": WRITTEN_CALL, "tool_calls": [call("list_files")]},
+            },
+            {"reply": {"content": "done"}},
+        ],
+    )
+    agent(tier, workdir)
+    assert not (workdir / "b.txt").exists()
+
+
+def test_the_loop_gives_the_toolbox_its_turn(tmp_path: Path, workdir: Path) -> None:
+    (workdir / "c.txt").write_text("same\n")
+    tier = scripted_tier(
+        tmp_path,
+        [
+            {"turn": 0, "reply": {"tool_calls": [call("read_file", path="c.txt")]}},
+            {"turn": 1, "reply": {"tool_calls": [call("read_file", path="c.txt")]}},
+            {"turn": 2, "match": "unchanged since turn 0: c.txt", "reply": {"content": "ok"}},
+        ],
+    )
+    assert agent(tier, workdir).summary == "ok"
+
+
+# --- the system prompt ---------------------------------------------------------------------
+
+
+def test_the_system_prompt_asks_for_finish() -> None:
+    assert "call finish with a short summary" in SYSTEM_PROMPT
+
+
+def test_role_prompt_and_instructions_follow_the_system_prompt() -> None:
+    brief = replace(
+        BRIEF,
+        role_prompt="  You review code; you never edit tests.\n",
+        instructions="Run `make check` before finishing.",
+    )
+    system, user = first_messages(brief, None)
+    assert system["content"] == (
+        f"{SYSTEM_PROMPT}\nYour role:\nYou review code; you never edit tests.\n"
+        "\nThe repository's instructions (AGENTS.md):\nRun `make check` before finishing.\n"
+    )
+    assert "make check" not in user["content"]
+
+    named = replace(BRIEF, instructions="Use tabs.", instructions_file="MERLIN.md")
+    system, _ = first_messages(named, None)
+    assert system["content"].endswith("The repository's instructions (MERLIN.md):\nUse tabs.\n")
+    assert "Your role" not in system["content"]
+    system, _ = first_messages(replace(BRIEF, role_prompt="  \n"), None)
+    assert system["content"] == SYSTEM_PROMPT

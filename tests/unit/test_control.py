@@ -66,7 +66,8 @@ def test_resume_refuses_what_it_cannot_do(
     from merlin_flow.errors import InputError
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)
-    with pytest.raises(InputError, match="only a failed, cancelled or budget_exceeded"):
+    refused = "only a failed, cancelled, budget_exceeded or partially_completed"
+    with pytest.raises(InputError, match=refused):
         resume_job(db, settings, job_id)
     cancel_job(db, settings, job_id)
     with pytest.raises(InputError, match="already ended"):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from merlin_flow import sandbox as sandbox_module
 from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import SandboxUnavailable
+from merlin_flow.permissions import Permissions
 from merlin_flow.sandbox import (
     ENV_DIR,
     WORKSPACE,
@@ -29,7 +31,9 @@ from merlin_flow.sandbox import (
     python_mounts,
     run_confined,
     sandbox_problem,
+    unenforceable,
 )
+from merlin_flow.tool_config import PermissionRules
 
 SECRET = "sk-sandbox-test-0123456789abcdef"
 BWRAP = Sandbox()
@@ -279,3 +283,123 @@ def test_bwrap_arguments_bind_nothing_of_home_or_merlin_home(box: Confinement) -
     assert "--unshare-all" in args
     assert "--share-net" not in args
     assert "--die-with-parent" in args
+
+
+# -- [permissions] masks: what a command cannot read or change ------------------------------
+
+
+@pytest.fixture
+def masked_tree(box: Confinement) -> Confinement:
+    root = box.worktree
+    for name, text in {
+        "secrets/key": SECRET,
+        "secrets/sub/deep": SECRET,
+        ".env": f"API_KEY={SECRET}\n",
+        "src/app.py": "print('app')\n",
+        "uv.lock": "locked\n",
+    }.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "door").symlink_to("secrets")  # a way round, inside the worktree
+    (root / "alias").symlink_to("secrets/key")
+    (root / "absolute").symlink_to(root / "secrets" / "key")
+    rules = Permissions(PermissionRules(deny=["Read(./secrets/**)", "Read(.env)", "Edit(*.lock)"]))
+    return box.masked(rules.masks(root))
+
+
+def test_hidden_paths_cannot_be_read_by_commands(masked_tree: Confinement) -> None:
+    out = sh(
+        "cat secrets/key || echo no-key; ls -A secrets; echo listed;"
+        " cat secrets/sub/deep || echo no-deep; cat .env || echo no-env;"
+        " grep -r sk- . 2>/dev/null; echo searched; cat src/app.py",
+        masked_tree,
+    )
+    assert SECRET not in out
+    for marker in ("no-key", "no-deep", "no-env", "searched"):
+        assert marker in out
+    assert out.split("listed")[0].splitlines()[-1].endswith("no-key")  # `ls secrets`: empty
+    assert "print('app')" in out  # the rest of the worktree reads as before
+
+
+def test_hidden_paths_stay_hidden_through_symlinks(masked_tree: Confinement) -> None:
+    out = sh("cat door/key; cat alias; cat absolute; ls -A door; echo done", masked_tree)
+    assert SECRET not in out
+    assert out.splitlines()[-1] == "done"
+
+
+def test_hidden_paths_cannot_be_changed_or_peeled_off(masked_tree: Confinement) -> None:
+    root = masked_tree.worktree
+    out = sh(
+        "echo x > secrets/new; echo x > .env; rm -rf secrets; mv secrets s2;"
+        " umount secrets; umount .env;"
+        " unshare -Urm sh -c 'umount /workspace/secrets; mkdir -p /tmp/m;"
+        " mount --bind /workspace /tmp/m; cat /tmp/m/secrets/key /workspace/secrets/key';"
+        " cat secrets/key .env; echo done",
+        masked_tree,
+    )
+    assert SECRET not in out
+    assert out.splitlines()[-1] == "done"
+    assert (root / "secrets" / "key").read_text() == SECRET
+    assert (root / ".env").read_text() == f"API_KEY={SECRET}\n"
+    assert not (root / "secrets" / "new").exists()
+    assert not (root / "s2").exists()
+
+
+def test_read_only_paths_cannot_be_written(masked_tree: Confinement) -> None:
+    root = masked_tree.worktree
+    out = sh("echo x >> uv.lock || echo refused; rm -f uv.lock; echo y > made.txt", masked_tree)
+    assert "refused" in out
+    assert (root / "uv.lock").read_text() == "locked\n"
+    assert (root / "made.txt").read_text() == "y\n"  # the rest stays writable
+
+
+def test_a_read_only_worktree_refuses_writes(box: Confinement) -> None:
+    reader = replace(box, worktree_writable=False)
+    out = sh("cat file.txt; touch x || echo refused; echo y > file.txt || echo refused", reader)
+    assert out.splitlines()[:2] == ["exit=0", "attempt's code"]
+    assert out.splitlines().count("refused") == 2
+    assert not (box.worktree / "x").exists()
+    assert (box.worktree / "file.txt").read_text() == "attempt's code\n"
+
+
+def test_masks_that_leave_the_worktree_or_are_gone_are_skipped(box: Confinement) -> None:
+    outside = box.worktree.parent / "outside"
+    outside.mkdir()
+    (box.worktree / "link").symlink_to(outside)
+    confinement = replace(
+        box,
+        hidden=(box.worktree / "missing", box.worktree / "link", outside),
+        read_only_paths=(box.worktree / "gone.lock",),
+    )
+    args = bwrap_arguments(confinement, {})
+    inside = [a for a in args if a.startswith(f"{WORKSPACE}/") or a == str(outside)]
+    assert inside == [f"{WORKSPACE}/.git"]
+    assert sh("echo ok", confinement).splitlines() == ["exit=0", "ok"]
+
+
+def test_mask_arguments_land_where_the_command_sees_them(masked_tree: Confinement) -> None:
+    args = bwrap_arguments(masked_tree, {})
+    worktree_bind = args.index(str(masked_tree.worktree))
+    assert args[worktree_bind - 1] == "--bind"
+    assert args.index(f"{WORKSPACE}/secrets") > worktree_bind
+    assert args[args.index(f"{WORKSPACE}/secrets") - 1] == "--tmpfs"
+    assert args[args.index(f"{WORKSPACE}/.env") - 2 : args.index(f"{WORKSPACE}/.env")] == [
+        "--ro-bind",
+        "/dev/null",
+    ]
+    assert "--cap-drop" in args
+    reader = replace(masked_tree, worktree_writable=False)
+    assert bwrap_arguments(reader, {})[worktree_bind - 1] == "--ro-bind"
+
+
+def test_mode_none_cannot_mask_and_says_so(masked_tree: Confinement) -> None:
+    none = Sandbox(mode=SandboxMode.NONE)
+    warning = unenforceable(masked_tree, none)
+    assert warning is not None
+    assert warning.startswith('warning: [sandbox] mode = "none" cannot hide .env, secrets')
+    assert "keep uv.lock unchanged" in warning
+    reader = replace(masked_tree, hidden=(), read_only_paths=(), worktree_writable=False)
+    assert "keep the worktree read-only" in (unenforceable(reader, none) or "")
+    assert unenforceable(masked_tree, BWRAP) is None
+    assert unenforceable(Confinement(worktree=masked_tree.worktree), none) is None
+    assert SECRET in sh("cat secrets/key", masked_tree, none)  # runs, unmasked: not an error

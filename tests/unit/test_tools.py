@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.tools import MAX_READ_CHARS, TOOL_SCHEMAS, Toolbox
+from merlin_flow.config import Sandbox
+from merlin_flow.tools import MAX_READ_CHARS, READ_ONLY_TOOLS, TOOL_SCHEMAS, Toolbox
 from tests.conftest import make_repo
 
 SECRET = "TOP SECRET\n"
@@ -426,3 +427,354 @@ def test_run_command_own_timeout_below_the_cap(world: World) -> None:
 def test_run_command_non_numeric_timeout_is_an_error_reply(world: World) -> None:
     reply = world.box.call("run_command", {"command": "true", "timeout": "soon"})
     assert reply.startswith("error:")
+
+
+# --- read_file line ranges -----------------------------------------------------------------
+
+TEN = "".join(f"line {n}\n" for n in range(1, 11))
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (
+            {"start_line": 3, "end_line": 5},
+            "f.txt: lines 3-5 of 10\n3\tline 3\n4\tline 4\n5\tline 5",
+        ),
+        ({"start_line": 9}, "f.txt: lines 9-10 of 10\n 9\tline 9\n10\tline 10"),
+        ({"end_line": 2}, "f.txt: lines 1-2 of 10\n1\tline 1\n2\tline 2"),
+        ({"start_line": 4, "end_line": 4}, "f.txt: lines 4-4 of 10\n4\tline 4"),
+        (
+            {"start_line": 10, "end_line": 40},
+            "f.txt: lines 10-10 of 10 (end_line 40 is past the end)\n10\tline 10",
+        ),
+        ({"start_line": "2", "end_line": 2.0}, "f.txt: lines 2-2 of 10\n2\tline 2"),
+    ],
+    ids=["middle", "to-the-end", "from-the-start", "one-line", "end-past-the-end", "lenient"],
+)
+def test_read_file_range(world: World, args: dict[str, Any], expected: str) -> None:
+    (world.root / "f.txt").write_text(TEN)
+    assert world.box.call("read_file", {"path": "f.txt", **args}) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({"start_line": 11}, "error: start_line 11 is past the end: f.txt has 10 lines"),
+        ({"start_line": 5, "end_line": 3}, "error: end_line 3 is before start_line 5"),
+        ({"start_line": 0}, "error: bad arguments for read_file: start_line must be 1 or more"),
+        ({"end_line": -2}, "error: bad arguments for read_file: end_line must be 1 or more"),
+        ({"start_line": "two"}, "error: bad arguments for read_file: start_line must be a whole"),
+        ({"start_line": True}, "error: bad arguments for read_file: start_line must be a whole"),
+        ({"start_line": 1.5}, "error: bad arguments for read_file: start_line must be a whole"),
+    ],
+    ids=["start-past-the-end", "reversed", "zero", "negative", "word", "bool", "fraction"],
+)
+def test_read_file_range_out_of_bounds(world: World, args: dict[str, Any], expected: str) -> None:
+    (world.root / "f.txt").write_text(TEN)
+    assert world.box.call("read_file", {"path": "f.txt", **args}).startswith(expected)
+
+
+def test_read_file_range_of_an_empty_file(world: World) -> None:
+    (world.root / "empty.txt").write_text("")
+    reply = world.box.call("read_file", {"path": "empty.txt", "start_line": 1})
+    assert reply == "error: start_line 1 is past the end: empty.txt has 0 lines"
+    assert world.box.call("read_file", {"path": "empty.txt"}) == ""
+
+
+def test_read_file_truncation_says_how_to_read_on(world: World) -> None:
+    (world.root / "big.txt").write_text(("y" * 99 + "\n") * 2000)
+    reply = world.box.call("read_file", {"path": "big.txt"})
+    assert reply.endswith("big.txt has 2000 lines: read on with start_line]")
+    part = world.box.call("read_file", {"path": "big.txt", "start_line": 1500, "end_line": 1501})
+    assert part.splitlines()[0] == "big.txt: lines 1500-1501 of 2000"
+
+
+# --- edit_file failures that help the retry ------------------------------------------------
+
+CODE = """\
+def area(width, height):
+    return width * height
+
+
+def perimeter(width, height):
+    return 2 * (width + height)
+
+
+def volume(width, height, depth):
+    return width * height * depth
+"""
+
+
+def test_edit_not_found_shows_the_closest_lines(world: World) -> None:
+    (world.root / "shapes.py").write_text(CODE)
+    old = "def perimeter(width, height):\n  return 2 * (width + height)\n"  # 2-space indent
+    reply = world.box.call("edit_file", {"path": "shapes.py", "old": old, "new": "x"})
+    assert reply.startswith("error: `old` must occur exactly once in 'shapes.py'; not found")
+    assert "lines 5-6 (" in reply
+    assert "5\tdef perimeter(width, height):\n6\t    return 2 * (width + height)" in reply
+    # The best candidate comes first, and at most three are shown.
+    assert reply.index("lines 5-6") < reply.index("lines 1-2")
+    assert reply.count(" alike):") <= 3
+    assert (world.root / "shapes.py").read_text() == CODE
+
+
+def test_edit_not_found_one_line(world: World) -> None:
+    (world.root / "shapes.py").write_text(CODE)
+    reply = world.box.call(
+        "edit_file", {"path": "shapes.py", "old": "    return width * heigth * depth", "new": "x"}
+    )
+    assert "lines 10-10 (" in reply
+    assert "10\t    return width * height * depth" in reply
+
+
+def test_edit_not_found_and_nothing_close(world: World) -> None:
+    (world.root / "shapes.py").write_text(CODE)
+    reply = world.box.call(
+        "edit_file", {"path": "shapes.py", "old": "class Zebra(Animal): ...", "new": "x"}
+    )
+    assert reply.endswith(
+        "nothing in the file is close to it: read the file again and copy `old` exactly"
+    )
+
+
+def test_edit_found_several_times_names_the_lines(world: World) -> None:
+    (world.root / "shapes.py").write_text(CODE)
+    reply = world.box.call("edit_file", {"path": "shapes.py", "old": "(width, height", "new": "x"})
+    assert "found 3 times, at lines 1, 5 and 9" in reply
+    reply = world.box.call("edit_file", {"path": "shapes.py", "old": "width * height", "new": "x"})
+    assert "found 2 times, at lines 2 and 10" in reply
+    assert (world.root / "shapes.py").read_text() == CODE
+
+
+def test_edit_closest_lines_on_a_long_file_is_quick(world: World) -> None:
+    lines = [f"    value_{n} = compute(value_{n - 1}, {n})" for n in range(20_000)]
+    (world.root / "long.py").write_text("\n".join(lines) + "\n")
+    old = (
+        "    value_12345 = compute(value_12344, 12345)\n"
+        "    value_12346 = compute(value_1345, 12346)"  # a digit missing
+    )
+    started = time.monotonic()
+    reply = world.box.call("edit_file", {"path": "long.py", "old": old, "new": "x"})
+    assert time.monotonic() - started < 3  # about 0.1 s
+    assert "lines 12346-12347 (" in reply
+
+
+# --- finish ------------------------------------------------------------------------------
+
+
+def test_finish_is_answered_and_always_offered(world: World) -> None:
+    assert world.box.call("finish", {"summary": "done"}) == "finished"
+    assert world.box.call("finish", {}).startswith("error: bad arguments for finish")
+    assert world.box.call("finish", {"summary": 3}).startswith("error: bad arguments for finish")
+    reading = Toolbox(world.root, only=READ_ONLY_TOOLS)
+    assert reading.names == [*READ_ONLY_TOOLS, "finish"]
+    assert [s["function"]["name"] for s in reading.schemas] == reading.names
+    silent = Toolbox(world.root, offer_finish=False)
+    assert "finish" not in silent.names
+    assert silent.call("finish", {"summary": "x"}).startswith("error: unknown tool 'finish'")
+
+
+# --- the gate and readable seams -----------------------------------------------------------
+
+
+class Gate:
+    """A gate that refuses writes to *.lock files and records what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, name: str, arguments: dict[str, Any]) -> str | None:
+        self.asked.append((name, arguments))
+        if name == "write_file" and str(arguments.get("path", "")).endswith(".lock"):
+            return "write_file refused: *.lock files are denied"
+        return None
+
+
+def test_gate_sees_every_call_and_its_refusal_stops_it(world: World) -> None:
+    gate = Gate()
+    box = Toolbox(world.root, gate=gate)
+    refused = box.call("write_file", '{"path": "deps.lock", "content": "x"}')
+    assert refused == "error: write_file refused: *.lock files are denied"
+    assert not (world.root / "deps.lock").exists()
+    assert box.call("write_file", {"path": "ok.txt", "content": "x"}).startswith("wrote")
+    assert gate.asked == [
+        ("write_file", {"path": "deps.lock", "content": "x"}),
+        ("write_file", {"path": "ok.txt", "content": "x"}),
+    ]
+
+
+def test_gate_is_not_asked_about_unrunnable_calls_or_finish(world: World) -> None:
+    gate = Gate()
+    box = Toolbox(world.root, gate=gate)
+    box.call("nope", {})
+    box.call("read_file", "{bad json")
+    assert box.call("finish", {"summary": "s"}) == "finished"
+    assert gate.asked == []
+
+
+def test_a_failing_gate_refuses(world: World) -> None:
+    def broken(name: str, arguments: dict[str, Any]) -> str | None:
+        raise RuntimeError("rules not loaded")
+
+    box = Toolbox(world.root, gate=broken)
+    reply = box.call("write_file", {"path": "x.txt", "content": "x"})
+    assert reply == ("error: write_file refused: the permission check failed: rules not loaded")
+    assert not (world.root / "x.txt").exists()
+
+
+def test_readable_hides_files_from_grep_and_list(world: World) -> None:
+    (world.root / "secret.env").write_text("hello=1\n")
+    box = Toolbox(world.root, readable=lambda path: not path.endswith(".env"))
+    assert "secret.env" not in box.call("list_files", {}).splitlines()
+    assert box.call("grep", {"pattern": "hello"}) == "a.txt:1: hello"
+    assert box.call("grep", {"pattern": "hello", "path": "secret.env"}) == "(no matches)"
+    assert "secret.env" in world.box.call("list_files", {}).splitlines()
+
+
+# --- extra tools ---------------------------------------------------------------------------
+
+
+class Echo:
+    """An external tool: echoes its arguments, or fails as told."""
+
+    def __init__(self, name: str = "mcp__demo__echo") -> None:
+        self.name = name
+        self.schema = {
+            "type": "function",
+            "function": {"name": name, "description": "Echo.", "parameters": {"type": "object"}},
+        }
+        self.seen: list[dict[str, Any]] = []
+
+    def call(self, arguments: dict[str, Any]) -> str:
+        self.seen.append(arguments)
+        if "boom" in arguments:
+            raise ConnectionError("server went away")
+        return json.dumps(arguments, sort_keys=True)
+
+
+def test_extra_tools_are_offered_after_the_built_ins(world: World) -> None:
+    echo = Echo()
+    box = Toolbox(world.root, extra=[echo])
+    assert box.names[-2:] == ["finish", "mcp__demo__echo"]
+    assert box.schemas[-1] is echo.schema
+    assert box.call("mcp__demo__echo", '{"b": 1, "a": 2}') == '{"a": 2, "b": 1}'
+    assert echo.seen == [{"b": 1, "a": 2}]
+
+
+def test_extra_tool_failures_are_replies(world: World) -> None:
+    box = Toolbox(world.root, extra=[Echo()])
+    assert box.call("mcp__demo__echo", {"boom": 1}) == (
+        "error: mcp__demo__echo failed: server went away"
+    )
+    assert box.call("mcp__demo__echo", "[1]") == (
+        "error: arguments of mcp__demo__echo must be a JSON object"
+    )
+
+
+def test_extra_tools_go_through_the_gate_and_only(world: World) -> None:
+    echo = Echo()
+    box = Toolbox(world.root, extra=[echo], gate=lambda name, args: f"{name} is denied")
+    assert box.call("mcp__demo__echo", {}) == "error: mcp__demo__echo is denied"
+    assert echo.seen == []
+    reading = Toolbox(world.root, only=("read_file",), extra=[echo, Echo("mcp__demo__other")])
+    assert reading.names == ["read_file", "finish"]
+    kept = Toolbox(world.root, only=("mcp__demo__other",), extra=[echo, Echo("mcp__demo__other")])
+    assert kept.names == ["finish", "mcp__demo__other"]
+    assert kept.call("mcp__demo__echo", {}).startswith("error: unknown tool")
+
+
+@pytest.mark.parametrize("name", ["read_file", "finish", "mcp__demo__echo"])
+def test_extra_tool_names_must_be_unique(world: World, name: str) -> None:
+    with pytest.raises(ValueError, match="two tools are named"):
+        Toolbox(world.root, extra=[Echo(), Echo(name)] if name.startswith("mcp") else [Echo(name)])
+
+
+# --- duplicate calls -----------------------------------------------------------------------
+
+# (turn, tool, arguments, expected reply: exact, or a prefix ending in "...")
+Step = tuple[int, str, dict[str, Any], str]
+A = {"path": "a.txt"}
+A_TEXT = "hello\nworld\n"
+SAME = "unchanged since turn {}: a.txt is as you read it then"
+DUPLICATES: dict[str, list[Step]] = {
+    "again-next-turn": [(0, "read_file", A, A_TEXT), (1, "read_file", A, SAME.format(0))],
+    "again-same-turn": [(2, "read_file", A, A_TEXT), (2, "read_file", A, SAME.format(2))],
+    "at-the-window-edge": [(0, "read_file", A, A_TEXT), (8, "read_file", A, SAME.format(0))],
+    "past-the-window": [(0, "read_file", A, A_TEXT), (9, "read_file", A, A_TEXT)],
+    "a-suppressed-read-does-not-refresh": [
+        (0, "read_file", A, A_TEXT),
+        (6, "read_file", A, SAME.format(0)),
+        (9, "read_file", A, A_TEXT),
+        (10, "read_file", A, SAME.format(9)),
+    ],
+    "changed-by-a-command": [
+        (0, "read_file", A, A_TEXT),
+        (1, "run_command", {"command": "echo more >> a.txt"}, "exit code: 0..."),
+        (2, "read_file", A, A_TEXT + "more\n"),
+    ],
+    "written-back-to-what-was-read": [
+        (0, "read_file", A, A_TEXT),
+        (1, "write_file", {**A, "content": "other\n"}, "wrote 6 characters to a.txt"),
+        (2, "write_file", {**A, "content": A_TEXT}, "wrote 12 characters to a.txt"),
+        (3, "read_file", A, A_TEXT),
+    ],
+    "another-range": [
+        (0, "read_file", {**A, "start_line": 1, "end_line": 1}, "a.txt: lines 1-1 of 2\n1\thello"),
+        (1, "read_file", {**A, "start_line": 1, "end_line": 2}, "a.txt: lines 1-2 of 2..."),
+        (2, "read_file", A, A_TEXT),
+        (
+            3,
+            "read_file",
+            {**A, "start_line": 1, "end_line": 1},
+            "unchanged since turn 0: a.txt (lines 1-1) is as you read it then",
+        ),
+    ],
+    "an-error-is-not-remembered": [
+        (0, "read_file", {**A, "start_line": 5}, "error: start_line 5 is past the end..."),
+        (1, "read_file", {**A, "start_line": 5}, "error: start_line 5 is past the end..."),
+    ],
+    "write-of-the-same-content": [
+        (0, "write_file", {**A, "content": A_TEXT}, "unchanged: a.txt already holds this..."),
+    ],
+    "edit-to-the-same-text": [
+        (0, "edit_file", {**A, "old": "world", "new": "world"}, "unchanged: `new` is the..."),
+    ],
+    "edit-to-the-same-text-not-found": [
+        (0, "edit_file", {**A, "old": "moon", "new": "moon"}, "error: `old` must occur..."),
+    ],
+}
+
+
+@pytest.mark.parametrize("steps", list(DUPLICATES.values()), ids=list(DUPLICATES))
+def test_duplicate_calls(world: World, steps: list[Step]) -> None:
+    box = Toolbox(world.root, command_timeout=10, sandbox=Sandbox(mode="none"))
+    mtime = (world.root / "a.txt").stat().st_mtime_ns
+    for turn, tool, arguments, expected in steps:
+        reply = box.call(tool, arguments, turn=turn)
+        if expected.endswith("..."):
+            assert reply.startswith(expected[:-3]), (turn, reply)
+        else:
+            assert reply == expected, turn
+    if not any(expected.startswith(("wrote", "exit code")) for *_, expected in steps):
+        assert (world.root / "a.txt").stat().st_mtime_ns == mtime  # nothing was written
+
+
+def test_duplicate_reads_are_not_suppressed_with_a_zero_window(world: World) -> None:
+    box = Toolbox(world.root, memo_window=0)
+    assert box.call("read_file", A, turn=1) == A_TEXT
+    assert box.call("read_file", A, turn=1) == A_TEXT
+
+
+# --- the schemas --------------------------------------------------------------------------
+
+
+def test_every_description_teaches_with_an_example() -> None:
+    for schema in TOOL_SCHEMAS:
+        function = schema["function"]
+        description = function["description"]
+        example = json.loads(description.split("Example: ", 1)[1])
+        assert set(example) <= set(function["parameters"]["properties"]), function["name"]
+        assert set(function["parameters"]["required"]) <= set(example), function["name"]
+    size = len(json.dumps(TOOL_SCHEMAS))
+    assert size < 4500  # sent with every request: keep them short
