@@ -13,7 +13,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from merlin_flow import __version__
-from merlin_flow.cli import approval, inspecting, operations, planning, pruning, starting
+from merlin_flow.cli import agents, approval, inspecting, operations, planning, pruning, starting
 from merlin_flow.cli.common import console, err_console
 
 # Plain help, as git and pip print it: `--json` with no `<bool>` after it, paragraphs
@@ -120,6 +120,7 @@ specs_app = typer.Typer(
 specs_app.command("list", cls=Command)(planning.specs_list)
 specs_app.command("show", cls=Command)(planning.specs_show)
 app.add_typer(specs_app, name="specs")
+app.add_typer(agents.agents_app, name="agents", cls=Group)
 
 
 def main() -> None:

@@ -36,6 +36,13 @@ def test_h_and_help_both_show_a_commands_help(flag: str) -> None:
         (["submit"], "merlin submit [OPTIONS] TASKLIST|REQUEST"),
         (["costs"], "merlin costs [OPTIONS] [JOB_ID]"),
         (["db", "upgrade"], "merlin db upgrade [OPTIONS]"),
+        (["agents", "list"], "merlin agents list [OPTIONS]"),
+        (["agents", "show"], "merlin agents show [OPTIONS] NAME"),
+        (["agents", "create"], "merlin agents create [OPTIONS] NAME"),
+        (["agents", "edit"], "merlin agents edit [OPTIONS] NAME"),
+        (["agents", "rm"], "merlin agents rm [OPTIONS] NAME"),
+        (["agents", "init"], "merlin agents init [OPTIONS]"),
+        (["agents", "run"], "merlin agents run [OPTIONS] NAME PROMPT"),
     ],
 )
 def test_usage_names_arguments_in_capitals_with_optional_ones_in_brackets(
@@ -82,3 +89,21 @@ def test_a_worker_is_named_for_its_role(queues: str, name: str) -> None:
     from merlin_flow.cli.operations import worker_name
 
     assert worker_name(queues, "abc123") == name
+
+
+def test_the_agents_command_list_gives_each_first_sentence_whole() -> None:
+    output = runner.invoke(app, ["agents", "--help"]).output
+    commands = " ".join(output.split("Commands:\n", 1)[1].split())
+    assert "..." not in commands
+    for sentence in (
+        "list List the agents in effect: name, scope, tools, tier or model, description.",
+        "show Show an agent's definition and the whole prompt it gives a step.",
+        "create Write a new agent file from a template, to edit next; refuse if it exists.",
+        "edit Open an agent's file in $VISUAL or $EDITOR, then check that it still loads.",
+        "rm Delete an agent's file; --scope says which when both the project and user have it.",
+        "init Copy the builtin starter agents into the project's agent folder, to edit them there.",
+        "run Run one step with an agent, in this process, as `merlin run` runs a TaskList.",
+    ):
+        assert sentence in commands
+    top = " ".join(runner.invoke(app, ["--help"]).output.split())
+    assert "agents Agents: Markdown files with YAML front matter that give a step its prompt" in top
