@@ -92,6 +92,14 @@ _EXPORTS: dict[str, str] = {
     "Complexity": "merlin_flow.routing",
     "Routing": "merlin_flow.config",
     "start_tier": "merlin_flow.routing",
+    # Agents, permissions, tools
+    "AgentDefinition": "merlin_flow.agent_files",
+    "load_agents": "merlin_flow.agent_files",
+    "Permissions": "merlin_flow.permissions",
+    "PermissionRules": "merlin_flow.tool_config",
+    "McpServer": "merlin_flow.tool_config",
+    "open_mcp_tools": "merlin_flow.mcp_tools",
+    "text_tool_calls": "merlin_flow.tool_text",
     # Errors
     "MerlinError": "merlin_flow.errors",
     "InputError": "merlin_flow.errors",
@@ -113,6 +121,9 @@ _EXPORTS: dict[str, str] = {
     "SetupFailed": "merlin_flow.errors",
     "ModelUnreachable": "merlin_flow.errors",
     "PlanUnreadable": "merlin_flow.errors",
+    "AgentFileError": "merlin_flow.errors",
+    "ToolSourceError": "merlin_flow.errors",
+    "ModelRefused": "merlin_flow.errors",
 }
 
 __all__ = sorted(_EXPORTS)

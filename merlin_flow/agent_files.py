@@ -62,7 +62,7 @@ KNOWN_TOOLS = frozenset((*NATIVE_TOOLS, *CLAUDE_CODE_TOOLS))
 """Tool names a ``tools`` list may hold, besides MCP tools (``mcp__server__tool``)."""
 PROJECT_AGENTS = Path(".merlin") / "agents"
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)^(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S | re.M)
-_MCP_TOOL = re.compile(r"^mcp__[A-Za-z0-9_-]+__\S+$")
+_MCP_TOOL = re.compile(r"^mcp__[A-Za-z0-9_-]+(?:__\S+)?$")
 
 
 class AgentScope(StrEnum):

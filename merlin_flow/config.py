@@ -274,10 +274,13 @@ class MerlinConfig(BaseModel):
     planning: Planning = Field(default_factory=Planning)
     """How a request in plain words becomes a plan (`[planning]`)."""
     specs: Specs = Field(default_factory=Specs)
-    permissions: PermissionRules = Field(default_factory=PermissionRules)
-    agents: AgentSettings = Field(default_factory=AgentSettings)
-    mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
     """The project's specs (`[specs]`)."""
+    permissions: PermissionRules = Field(default_factory=PermissionRules)
+    """What a step's tools and commands may do (`[permissions]`)."""
+    agents: AgentSettings = Field(default_factory=AgentSettings)
+    """Which agent a step without `agent:` gets (`[agents]`)."""
+    mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
+    """MCP servers whose tools steps may use (`[mcp_servers.NAME]`)."""
     source: str | None = None
     """The file the configuration was read from (set by the loader)."""
 

@@ -93,9 +93,10 @@ def head_commit(repo: Path) -> str:
 
 def uncommitted_files(repo: Path) -> list[str]:
     """Files of the work tree that differ from HEAD: changed, staged, or new and not ignored."""
-    changed = git("diff", "--name-only", "HEAD", cwd=repo, check=False).splitlines()
-    new = git("ls-files", "--others", "--exclude-standard", cwd=repo, check=False).splitlines()
-    return sorted({*changed, *new})
+    # -z: names as they are (git quotes names with unusual characters otherwise)
+    changed = git("diff", "--name-only", "-z", "HEAD", cwd=repo, check=False).split("\0")
+    new = git("ls-files", "-z", "--others", "--exclude-standard", cwd=repo, check=False)
+    return sorted({*changed, *new.split("\0")} - {""})
 
 
 def job_branch(job_id: str) -> str:

@@ -31,10 +31,10 @@ from merlin_flow.mcp_tools import open_mcp_tools
 from merlin_flow.permissions import KIND_TOOLS, Permissions
 from merlin_flow.store import Step
 from merlin_flow.tool_config import McpServer
-from merlin_flow.tool_schemas import TOOL_SCHEMAS
+from merlin_flow.tool_schemas import FINISH, TOOL_SCHEMAS
 from merlin_flow.tools import Toolbox
 
-BUILT_IN = tuple(schema["function"]["name"] for schema in TOOL_SCHEMAS)
+BUILT_IN = tuple(s["function"]["name"] for s in TOOL_SCHEMAS if s["function"]["name"] != FINISH)
 """The built-in tools, in the order they are offered (``finish`` is always added)."""
 WRITING_TOOLS = frozenset({"write_file", "edit_file"})
 
@@ -93,8 +93,9 @@ def wanted_servers(
     wanted = {}
     for name, server in config.mcp_servers.items():
         prefix = f"mcp__{name}"
-        if not permissions.tool_offered(prefix):
-            continue
+        named = any(rule.startswith(prefix) for rule in config.permissions.allow)
+        if not permissions.tool_offered(prefix) and not (permissions.default_deny and named):
+            continue  # denied whole (under `default = "deny"`, unless a rule allows a tool)
         if tools is None or any(t == prefix or t.startswith(prefix + "__") for t in tools):
             wanted[name] = server
     return wanted

@@ -26,7 +26,9 @@ PINNED_API = {
     "ModelUnreachable", "examine", "ModelFailure", "job_logs", "prune", "PruneReport",
     "live_workers", "RequestKind", "make_plan", "Plan", "load_specs", "submit_request",
     "RequestSubmission", "approve_job", "reject_job", "plan_job",
-    "PlanUnreadable",
+    "PlanUnreadable", "AgentDefinition", "load_agents", "Permissions", "PermissionRules",
+    "McpServer", "open_mcp_tools", "text_tool_calls", "AgentFileError", "ToolSourceError",
+    "ModelRefused",
 }  # fmt: skip
 
 
