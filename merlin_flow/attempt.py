@@ -75,8 +75,8 @@ from merlin_flow.settings import Settings
 from merlin_flow.spec_check import with_spec_constraints
 from merlin_flow.step_tools import (
     can_write,
-    drop_denied_writes,
     open_step_tools,
+    permission_events,
     step_brief,
     with_instructions,
 )
@@ -273,7 +273,7 @@ def _work_in_worktree(
             check_alive()
         except (AgentError, ToolSourceError) as exc:
             error = str(exc)
-        _drop_denied_writes(held, worktree)
+        _settle_permissions(held, worktree, plan.agent)
         message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
         commit = commit_all(
             worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes
@@ -287,13 +287,13 @@ def _work_in_worktree(
     return _AttemptEnd(commit, summary, error, turns, transcript)
 
 
-def _drop_denied_writes(held: HeldStep, worktree: Path) -> None:
-    """Undo changes an `Edit`/`Write` deny forbids, each recorded as an event."""
-    dropped = drop_denied_writes(worktree, held.config)
-    if dropped:
+def _settle_permissions(held: HeldStep, worktree: Path, agent: AgentDefinition | None) -> None:
+    """Undo changes an `Edit`/`Write` deny forbids; record them and unenforced rules."""
+    events = permission_events(worktree, held.config, agent)
+    if events:
         with held.db.session() as session:
-            for path, why in dropped:
-                add_event(session, held.job_id, "write_refused", f"{path}: {why}", held.step_key)
+            for kind, message in events:
+                add_event(session, held.job_id, kind, message, held.step_key)
 
 
 def _record_attempt(held: HeldStep, plan: _AttemptPlan, end: _AttemptEnd) -> bool:

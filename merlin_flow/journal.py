@@ -204,7 +204,13 @@ def record_call(
     reply: Completion | None,
     error: BaseException | None,
 ) -> None:
-    """Write one call to the journal; a paid call adds its tokens and cost to the attempt."""
+    """Write one call to the journal; a paid call adds its tokens and cost to the attempt.
+
+    A refusal (``ModelRefused``) is an error that was paid for: its reply's usage counts.
+    """
+    paid = getattr(error, "completion", None)
+    if reply is None and isinstance(paid, Completion):
+        reply = paid
     with db.session() as session:
         call = LlmCall(
             job_id=context.job_id,

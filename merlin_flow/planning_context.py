@@ -19,6 +19,7 @@ The relevant specs' constraint sections, when there are any, are taken first
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,10 +71,13 @@ def read_context(
     attached: tuple[str, ...],
     budget_tokens: int,
     constraints: str = "",
+    readable: Callable[[str], bool] = lambda _path: True,
 ) -> RepositoryContext:
     """The context of ``commit`` within ``budget_tokens`` (see the module docstring).
 
     ``constraints`` (the relevant specs') come first and count against the budget.
+    ``readable`` says which files may be shown (`[permissions]`): an attached file it
+    refuses is an InputError; the README is left out.
     """
     budget = budget_tokens * CHARS_PER_TOKEN - len(constraints)
     paths = _tree(git_dir, commit)
@@ -84,6 +88,12 @@ def read_context(
             f"the request names {', '.join('@' + p for p in missing)}, which "
             f"{'is' if len(missing) == 1 else 'are'} not in the repository at {commit[:10]}"
         )
+    refused = [path for path in attached if not readable(path)]
+    if refused:
+        raise InputError(
+            f"the request names {', '.join('@' + p for p in refused)}, which [permissions] "
+            "rules do not let merlin read"
+        )
     files: dict[str, str] = {}
     if attached:
         share = budget * 3 // 4 // len(attached)  # a quarter stays for the README and tree
@@ -91,7 +101,7 @@ def read_context(
             files[path] = _cut(_show(git_dir, commit, path), share)
         budget -= sum(len(body) + len(path) + 10 for path, body in files.items())
     readme = None
-    name = next((n for n in README_NAMES if n in known), None)
+    name = next((n for n in README_NAMES if n in known and readable(n)), None)
     if name is not None and budget > 0:
         readme = (name, _cut(_show(git_dir, commit, name), budget // 4))
         budget -= len(readme[1]) + 20

@@ -18,6 +18,7 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import StepFailure
 from merlin_flow.git import add_worktree, remove_worktree
 from merlin_flow.llm import ModelCall
+from merlin_flow.permissions import Permissions
 from merlin_flow.planning_context import read_context
 from merlin_flow.repository import JobRepository
 from merlin_flow.requests import classify
@@ -49,7 +50,10 @@ def answer_question(
     """Ask the planning tier ``question`` about ``repository`` at ``base``."""
     tier = config.planning_tier()
     attached = classify(question).files
-    context = read_context(repository.path, base, attached, config.planning.context_tokens)
+    readable = Permissions(config.permissions).path_readable
+    context = read_context(
+        repository.path, base, attached, config.planning.context_tokens, readable=readable
+    )
     messages = [
         {"role": "system", "content": QUESTION_PROMPT},
         {"role": "user", "content": f"Question:\n{question}\n\nThe repository:\n{context.text()}"},
@@ -57,7 +61,13 @@ def answer_question(
     folder = repository.scratch / f"question-{uuid.uuid4().hex[:8]}"
     add_worktree(repository.path, folder, base)
     try:
-        toolbox = Toolbox(folder, only=READ_ONLY_TOOLS)
+        permissions = Permissions(config.permissions, root=folder)  # as for a step's tools
+        toolbox = Toolbox(
+            folder,
+            only=READ_ONLY_TOOLS,
+            gate=permissions.check_call,
+            readable=permissions.path_readable,
+        )
         result = converse(
             tier, messages, toolbox, lambda *_: None, limits=config.limits, call_model=call_model
         )

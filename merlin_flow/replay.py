@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from merlin_flow.agent_choice import AgentChoice, stored_agent
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.git import git
@@ -41,6 +42,10 @@ def create_replay(db: Database, settings: Settings, job_id: str) -> str:
         config = MerlinConfig.model_validate(job.config)
         repo, base, budget = job.repo, job.base_commit, job.budget_usd
         commands = [step.exit_command for step in job.steps]
+        agents = [  # the agents the original ran with, not today's files
+            AgentChoice(stored_agent(step.agent_spec), step.agent_choice, step.agent_score)
+            for step in job.steps
+        ]
     return create_job(
         db,
         settings,
@@ -51,6 +56,7 @@ def create_replay(db: Database, settings: Settings, job_id: str) -> str:
         base_commit=base,
         replay_of=job_id,
         exit_commands=commands,
+        agents=agents,
     )
 
 

@@ -36,6 +36,7 @@ from merlin_flow.git import job_branch
 from merlin_flow.journal import JobCalls
 from merlin_flow.lifecycle import add_event
 from merlin_flow.llm import ModelCall, complete
+from merlin_flow.permissions import Permissions
 from merlin_flow.plan_reading import to_tasklist
 from merlin_flow.planner import Plan, make_plan, plan_json
 from merlin_flow.planning_context import RepositoryContext, read_context
@@ -105,7 +106,13 @@ def submit_request(
         require_a_usable_tier(config)
     kind = classify(request)
     if kind.files:  # a missing @path is refused before anything is written
-        read_context(repository.path, base, kind.files, config.planning.context_tokens)
+        read_context(
+            repository.path,
+            base,
+            kind.files,
+            config.planning.context_tokens,
+            readable=Permissions(config.permissions).path_readable,
+        )
     job_id = new_job_id()
     with db.session() as session:
         session.add(
@@ -145,7 +152,8 @@ def request_context(
             repository.path, base, specs.paths, specs.top, request, SPEC_CHARS
         )
         budget = config.planning.context_tokens
-        return read_context(repository.path, base, kind.files, budget, constraints)
+        readable = Permissions(config.permissions).path_readable
+        return read_context(repository.path, base, kind.files, budget, constraints, readable)
 
     return read
 

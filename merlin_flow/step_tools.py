@@ -24,11 +24,12 @@ from merlin_flow.agent import StepBrief
 from merlin_flow.agent_choice import stored_agent
 from merlin_flow.agent_files import AgentDefinition
 from merlin_flow.agent_imports import instruction_file, instruction_text
-from merlin_flow.config import MerlinConfig
+from merlin_flow.config import MerlinConfig, SandboxMode
 from merlin_flow.environment import BuiltEnvironment, step_confinement
 from merlin_flow.git import git, uncommitted_files
 from merlin_flow.mcp_tools import open_mcp_tools
 from merlin_flow.permissions import KIND_TOOLS, Permissions
+from merlin_flow.sandbox import unenforceable
 from merlin_flow.store import Step
 from merlin_flow.tool_config import McpServer
 from merlin_flow.tool_schemas import FINISH, TOOL_SCHEMAS
@@ -156,3 +157,24 @@ def drop_denied_writes(worktree: Path, config: MerlinConfig) -> list[tuple[str, 
         else:
             (worktree / path).unlink(missing_ok=True)
     return dropped
+
+
+def permission_events(
+    worktree: Path, config: MerlinConfig, agent: AgentDefinition | None
+) -> list[tuple[str, str]]:
+    """After an attempt: its denied writes undone, and what the sandbox could not enforce.
+
+    Each is an event, ``(kind, message)``: ``write_refused`` per undone path, and
+    ``permissions_unenforced`` when `[sandbox] mode = "none"` could not hide or protect
+    what the rules cover.
+    """
+    events = []
+    if config.sandbox.mode is SandboxMode.NONE:
+        permissions = Permissions(config.permissions, root=worktree)
+        writes = bool(WRITING_TOOLS & set(offered_built_ins(permissions, agent)))
+        confinement = step_confinement(worktree, None, config, writable=writes)
+        warning = unenforceable(confinement, config.sandbox)
+        if warning is not None:
+            events.append(("permissions_unenforced", warning))
+    dropped = drop_denied_writes(worktree, config)
+    return events + [("write_refused", f"{path}: {why}") for path, why in dropped]

@@ -122,7 +122,11 @@ def left_out_warnings(
     own = {
         p.resolve().relative_to(top).as_posix() for p in inputs if p.resolve().is_relative_to(top)
     }
-    files = [f for f in uncommitted_files(repository.path) if f not in own]
+    files = [  # agent files are read from the work tree: they are in, committed or not
+        f
+        for f in uncommitted_files(repository.path)
+        if f not in own and not f.startswith(".merlin/agents/")
+    ]
     if not files:
         return ()
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")

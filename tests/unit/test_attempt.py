@@ -200,3 +200,36 @@ def test_without_specs_the_prompt_has_no_constraints(
     prompt = _first_prompt(db, settings, tmp_path, {})
     assert prompt.startswith("Step s0 (Debug): answer 42")
     assert "Constraints from the project's specs" not in prompt
+
+
+def test_a_refused_reply_is_journaled_as_an_error_with_what_it_cost(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.agent import first_messages
+    from merlin_flow.attempt import _begin_attempt
+    from merlin_flow.errors import ModelRefused
+    from merlin_flow.journal import CallContext, record_call, replayable_calls
+    from merlin_flow.lifecycle import HeldStep
+    from merlin_flow.llm import complete
+    from merlin_flow.store import Attempt, LlmCall
+    from merlin_flow.tools import TOOL_SCHEMAS
+
+    tier = priced_tier(tmp_path, price_out=2.0)
+    config = MerlinConfig(tiers=[tier])
+    job_id = create_job(db, settings, parse_tasklist(ONE_STEP), py_repo, config)
+    with db.reader() as session:
+        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
+    assert claim(db, step_id, "attempt", "me", 30)
+    plan, _repo, brief = _begin_attempt(HeldStep(db, settings, job_id, "s0", step_id, "me", config))
+    paid = complete(tier, first_messages(brief, None), TOOL_SCHEMAS)
+    refusal = ModelRefused("I cannot help with that", paid)
+
+    record_call(db, CallContext(job_id, step_id, plan.attempt_id, 1, tier), 0, 0, None, refusal)
+
+    with db.reader() as session:
+        call = session.scalars(select(LlmCall)).one()
+        attempt = session.get_one(Attempt, plan.attempt_id)
+        assert call.error == "ModelRefused: I cannot help with that"
+        assert call.completion_tokens == paid.completion_tokens > 0
+        assert attempt.cost_usd == pytest.approx(paid.cost_usd)
+        assert replayable_calls(session, plan.attempt_id) == []  # never replayed as an answer

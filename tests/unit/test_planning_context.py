@@ -48,3 +48,17 @@ def test_an_attached_file_the_commit_lacks_is_an_input_error_naming_it(tmp_path:
     (repo / "new.py").write_text("uncommitted\n")
     with pytest.raises(InputError, match=r"names @new\.py, @gone\.py, which are not in"):
         read_context(repo, git(repo, "rev-parse", "HEAD"), ("new.py", "gone.py"), 1000)
+
+
+def test_a_file_the_permissions_refuse_is_never_shown_to_the_planner(tmp_path: Path) -> None:
+    from merlin_flow.permissions import Permissions
+    from merlin_flow.tool_config import PermissionRules
+
+    repo = make_repo(tmp_path / "repo", {"README.md": "# app\n", "secrets/key": "K\n"})
+    head = git(repo, "rev-parse", "HEAD")
+    readable = Permissions(PermissionRules(deny=["Read(./secrets/**)", "Read(README.md)"]))
+    with pytest.raises(InputError, match=r"@secrets/key, which \[permissions\]"):
+        read_context(repo, head, ("secrets/key",), 2000, readable=readable.path_readable)
+    context = read_context(repo, head, (), 2000, readable=readable.path_readable)
+    assert context.readme is None
+    assert "# app" not in context.text()

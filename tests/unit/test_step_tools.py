@@ -89,3 +89,23 @@ def test_writes_under_an_edit_deny_are_undone_whatever_the_names(tmp_path: Path)
     assert not (repo / "café.lock").exists()
     assert not (repo / 'x"y.lock').exists()
     assert (repo / "app.py").read_text() == "x = 2\n"
+
+
+def test_without_a_sandbox_the_rules_that_cannot_reach_commands_are_recorded(
+    tmp_path: Path,
+) -> None:
+    from merlin_flow.config import Sandbox, SandboxMode
+    from merlin_flow.step_tools import permission_events
+
+    repo = make_repo(tmp_path / "repo", {"secrets/key": "k\n", "app.py": "x = 1\n"})
+    config = load_config(repo).model_copy(
+        update={
+            "permissions": PermissionRules(deny=["Read(./secrets/**)"]),
+            "sandbox": Sandbox(mode=SandboxMode.NONE),
+        }
+    )
+    events = permission_events(repo, config, None)
+    assert [kind for kind, _ in events] == ["permissions_unenforced"]
+    assert "hide secrets from commands" in events[0][1]
+    sandboxed = config.model_copy(update={"sandbox": Sandbox()})
+    assert permission_events(repo, sandboxed, None) == []
