@@ -47,7 +47,7 @@ DEFAULT_MAX_TOKENS = 4096
 class Tier(BaseModel):
     """One model tier: a litellm model string with its price and limits."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     """Name used in TaskLists (`tier:`), reports and escalation records."""
@@ -113,7 +113,7 @@ class Tier(BaseModel):
 class Limits(BaseModel):
     """Bounds on how hard merlin tries, and how it detects lost workers."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     fix_attempts: int = Field(default=1, ge=0)
     """Fix attempts on the same tier after a failed verification, before escalating."""
@@ -144,7 +144,7 @@ class Limits(BaseModel):
 class Routing(BaseModel):
     """Which tier a step starts on, by its complexity (see merlin_flow.routing)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     medium: str | None = None
     """Tier for medium steps; the cheapest tier when unset."""
@@ -174,7 +174,7 @@ def is_secret_name(name: str) -> bool:
 class Sandbox(BaseModel):
     """How a step's commands (`run_command`, exit commands, setup) are confined."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     mode: SandboxMode = SandboxMode.BWRAP
     """`bwrap` (the default; Linux, Debian package `bubblewrap`) or `none` (no sandbox)."""
@@ -202,7 +202,7 @@ class Sandbox(BaseModel):
 class Environment(BaseModel):
     """The project's own environment, built once per cache key and reused by every job."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     setup: list[str] | None = None
     """Shell commands that build the environment in `/merlin/env` with the project at
@@ -219,7 +219,7 @@ class Environment(BaseModel):
 class Planning(BaseModel):
     """How a request in plain words is planned (`[planning]`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     tier: str | None = None
     """The tier whose model plans; the first tier when unset."""
@@ -233,7 +233,7 @@ class Planning(BaseModel):
 class Specs(BaseModel):
     """Where the project's specs are and how many go with a request (`[specs]`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     paths: list[str] = Field(default_factory=lambda: ["specs"])
     """Folders (or files) of Markdown specs, relative to the repository's root."""
@@ -250,7 +250,7 @@ class Specs(BaseModel):
 class MerlinConfig(BaseModel):
     """Everything a job needs to know about models, exit commands and limits."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     tiers: list[Tier] = Field(min_length=1)
     """Model tiers, cheapest first; escalation moves down this list."""
@@ -417,6 +417,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a merlin.toml") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
 
@@ -429,10 +431,12 @@ def _resolve_scripted_paths(data: dict[str, Any], base: Path) -> None:
     for tier in tiers:
         model = tier.get("model") if isinstance(tier, dict) else None
         if isinstance(model, str) and model.startswith(SCRIPTED_PREFIX):
-            script = Path(model.removeprefix(SCRIPTED_PREFIX)).expanduser()
-            if not script.is_absolute():
-                script = base / script
-            tier["model"] = SCRIPTED_PREFIX + str(script.resolve())
+            try:
+                script = Path(model.removeprefix(SCRIPTED_PREFIX)).expanduser()
+                script = (script if script.is_absolute() else base / script).resolve()
+            except (RuntimeError, ValueError, OSError) as exc:  # ~nobody/, a NUL byte...
+                raise ConfigError(f"tier model {model!r} is not a usable path: {exc}") from None
+            tier["model"] = SCRIPTED_PREFIX + str(script)
 
 
 def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from merlin_flow.errors import TaskListError
 
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+TOO_DEEP = "nested too deeply to be a TaskList (lists or mappings inside each other)"
 
 
 class OnFailure(StrEnum):
@@ -66,7 +67,8 @@ class TaskStep(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     id: str = Field(pattern=STEP_ID_PATTERN)
-    """Unique within the TaskList; letters, digits, `_`, `.`, `-` (used in git ref names)."""
+    """Unique within the TaskList; letters, digits, `_`, `.`, `-`; part of git ref names,
+    so no `..` and no `.` or `.lock` at the end."""
     step_type: StepType
     """Debug, Feature, Refactor, Verify or Test."""
     description: str = Field(min_length=1)
@@ -93,6 +95,16 @@ class TaskStep(BaseModel):
     @classmethod
     def _ignore_record_only_fields(cls, data: Any) -> Any:
         return _drop_record_only(data, RECORD_ONLY_FIELDS)
+
+    @field_validator("id")
+    @classmethod
+    def _fits_a_ref_name(cls, value: str) -> str:
+        if ".." in value or value.endswith((".", ".lock")):
+            raise ValueError(
+                f"step id {value!r} cannot be part of a git ref name: no '..', and no "
+                "'.' or '.lock' at the end"
+            )
+        return value
 
 
 class TaskList(BaseModel):
@@ -184,6 +196,8 @@ def parse_tasklist(data: Any, source: str = "<data>") -> TaskList:
         return TaskList.model_validate(data)
     except ValidationError as exc:
         raise TaskListError(f"{source}: invalid TaskList\n{_describe(exc, data)}") from None
+    except RecursionError:
+        raise TaskListError(f"{source}: {TOO_DEEP}") from None
 
 
 def load_tasklist(path: str | Path) -> TaskList:
@@ -201,6 +215,8 @@ def load_tasklist(path: str | Path) -> TaskList:
         raise TaskListError(
             f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
         ) from None
+    except RecursionError:
+        raise TaskListError(f"{path}: {TOO_DEEP}") from None
     except yaml.YAMLError as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)

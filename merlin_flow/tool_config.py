@@ -30,7 +30,7 @@ class PermissionRules(BaseModel):
     Deny beats ask, ask beats allow; in a job nobody can answer `ask`, so it refuses.
     """
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     allow: list[str] = Field(default_factory=list)
     """Rules for what may run; with `default = "deny"`, the only things that may."""
@@ -55,7 +55,7 @@ class PermissionRules(BaseModel):
 class AgentSettings(BaseModel):
     """`[agents]`: which agent a step without an `agent:` gets."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     default: str | None = None
     """The agent of every step that names none (unset: merlin's plain coding agent)."""
@@ -68,7 +68,7 @@ class AgentSettings(BaseModel):
 class McpServer(BaseModel):
     """`[mcp_servers.NAME]`: a Model Context Protocol server whose tools steps may use."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     command: str | None = None
     """The program of a stdio server, started inside the step's sandbox."""

@@ -105,6 +105,31 @@ CASES = {
         ("scripted models by paths inside", "--config"),
         repo="remote",
     ),
+    # Found by fuzzing (issue 16): each was a traceback with exit code 1.
+    "scripted-path-of-an-unknown-user": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("tier model 'scripted/~nouser-xq/x.yaml' is not a usable path",),
+        config='[[tiers]]\nname = "local"\nmodel = "scripted/~nouser-xq/x.yaml"\n',
+    ),
+    "scripted-path-with-a-nul-byte": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("is not a usable path",),
+        config='[[tiers]]\nname = "local"\nmodel = "scripted/a\\u0000b.yaml"\n',
+    ),
+    "deeply-nested-tasklist": Case(
+        "title: x\nsteps: " + "[" * 5000 + "]" * 5000 + "\n",
+        ("nested too deeply",),
+    ),
+    "step-id-not-a-ref-name": Case(
+        "title: x\nsteps:\n  - {id: a..b, step_type: Debug, description: d}\n"
+        "  - {id: c.lock, step_type: Debug, description: d}\n",
+        ("step id 'a..b' cannot be part of a git ref name", "'c.lock'"),
+    ),
+    "infinite-price": Case(
+        "title: x\nsteps:\n" + GOOD_STEP,
+        ("price_in", "finite"),
+        config=MERLIN_TOML + "price_in = inf\n",
+    ),
 }
 
 
