@@ -243,7 +243,9 @@ def test_step_lookup() -> None:
 
 # --- properties ------------------------------------------------------------------------
 
-step_ids = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,10}\Z", fullmatch=True)
+step_ids = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,10}\Z", fullmatch=True).filter(
+    lambda i: ".." not in i and not i.endswith((".", ".lock"))  # git ref names refuse these
+)
 
 
 @st.composite
