@@ -7,10 +7,17 @@ a reply without any is searched for calls written as text (``merlin_flow.tool_te
 which are then run as if the model had made them. The loop ends when the model calls
 ``finish`` (its summary is the attempt's), when it replies with no call at all (its text
 is the summary), or fails at the turn limit.
+
+What a hostile model sends is bounded before it stays in the conversation (and is sent
+again with every later request): a reply's text, each call's arguments and each tool's
+answer longer than ``MAX_KEPT_CHARS`` are cut, and marked so; a reply's calls past
+``MAX_CALLS_PER_REPLY`` are answered as not run. The tools see the arguments whole (they
+refuse what is too large: ``merlin_flow.tools``).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +67,12 @@ ROLE_HEADING = "Your role:"
 INSTRUCTIONS_HEADING = "The repository's instructions ({file}):"
 SKIPPED = "not run: finish came first and ended the attempt"
 """The answer to calls a reply made after its `finish` call."""
+MAX_KEPT_CHARS = 120_000
+"""Longest reply text, call arguments or tool answer the conversation keeps whole (above
+the file tools' own ``MAX_READ_CHARS``, so that their replies keep their notes)."""
+MAX_CALLS_PER_REPLY = 50
+"""Most tool calls of one reply that are run; the others are answered ``TOO_MANY``."""
+TOO_MANY = f"not run: a reply may make at most {MAX_CALLS_PER_REPLY} tool calls"
 
 
 def system_prompt(brief: StepBrief) -> str:
@@ -167,7 +180,7 @@ def converse(
             calls = text_tool_calls(message.get("content"), toolbox.names, f"text-{turn}")
             if calls:  # carried as real calls, so that providers accept their answers
                 message = {**message, "tool_calls": calls}
-        messages.append(message)
+        messages.append(kept(message))
         on_progress(messages)
         text = str(message.get("content") or "").strip()
         if not calls:
@@ -191,18 +204,56 @@ def _run_calls(
     Calls after an accepted `finish` are not run; they are answered as skipped.
     """
     for index, call in enumerate(calls):
+        call = call if isinstance(call, dict) else {}
+        if index >= MAX_CALLS_PER_REPLY:
+            messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": TOO_MANY})
+            continue
         check_alive()  # a command boundary: a cancelled job stops here
-        function = call.get("function") or {}
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
         name, arguments = function.get("name", ""), function.get("arguments") or "{}"
-        output = toolbox.call(name, arguments, turn=turn)
+        output = _cut(toolbox.call(name, arguments, turn=turn))
         messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": output})
         if name == FINISH and output == FINISHED:
             for later in calls[index + 1 :]:
-                messages.append(
-                    {"role": "tool", "tool_call_id": later.get("id"), "content": SKIPPED}
-                )
+                later_id = later.get("id") if isinstance(later, dict) else None
+                messages.append({"role": "tool", "tool_call_id": later_id, "content": SKIPPED})
             return str(parse_arguments(name, arguments)["summary"]).strip()
     return None
+
+
+def kept(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as the conversation keeps it: long text and arguments cut and marked.
+
+    Cut arguments stay a JSON object (providers parse them) that says what was cut.
+    """
+    content = message.get("content")
+    if isinstance(content, str) and len(content) > MAX_KEPT_CHARS:
+        message = {**message, "content": _cut(content)}
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and any(_long_arguments(call) for call in calls):
+        message = {**message, "tool_calls": [_kept_call(call) for call in calls]}
+    return message
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_KEPT_CHARS:
+        return text
+    return text[:MAX_KEPT_CHARS] + f"\n[cut by merlin: {len(text)} characters in all]"
+
+
+def _long_arguments(call: object) -> bool:
+    function = call.get("function") if isinstance(call, dict) else None
+    arguments = function.get("arguments") if isinstance(function, dict) else None
+    return isinstance(arguments, str) and len(arguments) > MAX_KEPT_CHARS
+
+
+def _kept_call(call: Any) -> Any:
+    if not _long_arguments(call):
+        return call
+    arguments = call["function"]["arguments"]
+    note = f"cut by merlin: arguments of {len(arguments)} characters, not kept"
+    return {**call, "function": {**call["function"], "arguments": json.dumps({"merlin": note})}}
 
 
 def _call(

@@ -5,7 +5,13 @@ and environment setup. The command's output (stdout and stderr together) goes to
 temporary file, not a pipe, so a background grandchild that keeps the pipe open cannot
 hang us; only its tail is read back, so a command printing 100 MB costs the worker no
 memory. After the command ends, for any reason, what is left of its process group is
-killed. File-size and memory limits are applied with util-linux's ``prlimit``.
+killed, and so is every process that still carries the command's mark: a variable
+(``MARK_VARIABLE``) with a value of its own, inherited by all the command starts, found
+in ``/proc/<pid>/environ``. That catches a daemon that left the group with ``setsid``
+(``setsid sleep 1000 &``), which the group kill misses when commands run without the
+sandbox; in the sandbox its PID namespace ends with the command and takes it along. A
+process that clears its environment (``env -i``) escapes the mark: only the sandbox
+stops it. File-size and memory limits are applied with util-linux's ``prlimit``.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +32,9 @@ from typing import IO
 
 OUTPUT_TAIL_CHARS = 4000
 TIMEOUT_EXIT_CODE = 124
+MARK_VARIABLE = "MERLIN_COMMAND_MARK"
+"""The variable whose value marks one command's processes, to kill them afterwards."""
+PROC = Path("/proc")
 
 
 @dataclass(frozen=True)
@@ -52,12 +62,14 @@ def run_command(
 ) -> CommandResult:
     """Run ``argv`` (no shell) in ``cwd``; kill its process group after ``timeout`` s."""
     started = time.monotonic()
+    mark = uuid.uuid4().hex
+    marked = {**(os.environ if env is None else env), MARK_VARIABLE: mark}
     with tempfile.TemporaryFile() as output:
         try:
             process = subprocess.Popen(
                 (limits or ResourceLimits()).wrap(list(argv)),
                 cwd=cwd,
-                env=dict(env) if env is not None else None,
+                env=marked,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -75,6 +87,7 @@ def run_command(
             exit_code = TIMEOUT_EXIT_CODE
         finally:
             _kill_group(process.pid)
+            kill_marked(mark)
         text = _tail(output, tail_chars)
     if timed_out:
         text += f"\n[merlin] command timed out after {timeout:g} s; its process group was killed"
@@ -117,6 +130,40 @@ def _tail(output: IO[bytes], chars: int) -> str:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def kill_marked(mark: str) -> int:
+    """SIGKILL every process whose environment holds ``MARK_VARIABLE=mark``; how many.
+
+    Runs until a pass finds none (a marked process may fork while the others die), at
+    most a few passes. Without ``/proc`` (macOS) nothing is found.
+    """
+    entry = f"{MARK_VARIABLE}={mark}".encode()
+    killed = 0
+    for _ in range(5):
+        found = [pid for pid in _pids() if entry in _environ(pid)]
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed += len(found)
+        if not found:
+            break
+    return killed
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir(PROC) if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _environ(pid: int) -> list[bytes]:
+    """The environment a process started with (empty when it is gone or not ours)."""
+    try:
+        return (PROC / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
 
 
 def tool_environment(extra_path: str | None = None) -> dict[str, str]:

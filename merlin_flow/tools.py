@@ -16,6 +16,14 @@ built-in ones. A repeated read of an unchanged file, a write of a file's own con
 an edit whose ``new`` is its ``old`` are answered without their effect
 (``merlin_flow.tool_memo``). A failed edit is answered with the closest passages of the
 file, or where a repeated ``old`` occurs (``merlin_flow.tool_views``).
+
+Hostile arguments are answered, never raised: arguments longer than
+``MAX_ARGUMENT_CHARS`` are refused before they are parsed, a write or edit whose file
+would pass ``MAX_WRITE_BYTES`` (or ``[sandbox] max_file_size_mb``) is refused before it
+touches the file, text that is not valid Unicode (a lone surrogate such as ``\udcff``)
+is refused, and a file is encoded before it is opened (a refused write never truncates
+it); NUL bytes are written faithfully. ``read_file``, ``edit_file`` and ``grep`` read
+no file over ``MAX_FILE_BYTES``.
 """
 
 from __future__ import annotations
@@ -36,6 +44,13 @@ from merlin_flow.tool_schemas import TOOL_SCHEMAS as TOOL_SCHEMAS  # re-exported
 from merlin_flow.tool_views import closest, line_number, numbered, occurrences
 
 MAX_READ_CHARS = 100_000
+MAX_ARGUMENT_CHARS = 8 * 2**20
+"""Longest arguments text (JSON) a tool call may have; a longer one is not parsed."""
+MAX_WRITE_BYTES = 4 * 2**20
+"""Largest file (UTF-8 bytes) a write or edit may leave, or `[sandbox] max_file_size_mb`."""
+MAX_FILE_BYTES = 16 * 2**20
+"""Largest file `read_file`, `edit_file` and `grep` read into memory."""
+MAX_NAME_CHARS = 100  # how much of an unknown tool's name its error reply repeats
 MAX_LIST_ENTRIES = 500
 MAX_GREP_MATCHES = 200
 
@@ -71,13 +86,32 @@ class ToolRefused(Exception):
 
 def parse_arguments(name: str, arguments: str | dict[str, Any]) -> dict[str, Any]:
     """A call's arguments as a dict; ToolRefused saying why when they are not an object."""
+    if isinstance(arguments, str) and len(arguments) > MAX_ARGUMENT_CHARS:
+        raise ToolRefused(
+            f"arguments of {name} are {len(arguments)} characters long; the most a tool "
+            f"call may carry is {MAX_ARGUMENT_CHARS} (write a large file in parts, or "
+            "generate it with run_command)"
+        )
     try:
-        args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+        args = json.loads(arguments) if isinstance(arguments, str) else arguments
     except json.JSONDecodeError as exc:
         raise ToolRefused(f"arguments of {name} are not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ToolRefused(f"arguments of {name} are nested too deeply") from None
     if not isinstance(args, dict):
         raise ToolRefused(f"arguments of {name} must be a JSON object")
-    return args
+    return dict(args)
+
+
+def encoded(text: str, what: str) -> bytes:
+    """``text`` as UTF-8; ToolRefused when it holds a lone surrogate (not Unicode text)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ToolRefused(
+            f"{what} is not valid Unicode text: {exc.object[exc.start]!r} at character "
+            f"{exc.start} is a lone surrogate; nothing was written"
+        ) from None
 
 
 class Toolbox:
@@ -150,9 +184,12 @@ class Toolbox:
 
     def call(self, name: str, arguments: str | dict[str, Any], turn: int = 0) -> str:
         """Run one tool call made at ``turn``; return its reply text (errors included)."""
+        if not isinstance(name, str):
+            return f"error: a tool name is a string; available: {', '.join(self.names)}"
         tool = self._tools.get(name)
         if tool is None and name not in self._extra:
-            return f"error: unknown tool {name!r}; available: {', '.join(self.names)}"
+            shown = name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
+            return f"error: unknown tool {shown!r}; available: {', '.join(self.names)}"
         try:
             args = parse_arguments(name, arguments)
         except ToolRefused as exc:
@@ -172,11 +209,13 @@ class Toolbox:
         self._turn = turn
         try:
             return tool(**args)
+        except UnicodeDecodeError as exc:
+            return f"error: {name} failed: the file is not UTF-8 text ({exc.reason})"
         except (TypeError, ValueError) as exc:
             return f"error: bad arguments for {name}: {exc}"
         except ToolRefused as exc:
             return f"error: {exc}"
-        except (OSError, UnicodeDecodeError, re.error) as exc:
+        except (OSError, re.error) as exc:
             return f"error: {name} failed: {exc}"
 
     def resolve(self, path: str) -> Path:
@@ -199,7 +238,7 @@ class Toolbox:
         if not target.is_file():
             raise ToolRefused(f"{path!r} is not a file")
         first, last = line_number(start_line, "start_line"), line_number(end_line, "end_line")
-        text = target.read_text(encoding="utf-8")
+        text = self._read_text(target, path)
         rel = self._rel(target)
         if first is None and last is None:
             reply, part = text, ""
@@ -223,10 +262,11 @@ class Toolbox:
             raise ToolRefused(f"{path!r} is a folder")
         if not isinstance(content, str):
             raise TypeError("content must be a string")
-        if target.is_file() and target.read_bytes() == content.encode("utf-8"):
+        data = self._writable(encoded(content, "content"), path)
+        if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
             return f"unchanged: {self._rel(target)} already holds this content; nothing written"
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        target.write_bytes(data)
         self._memo.forget(self._rel(target))
         return f"wrote {len(content)} characters to {self._rel(target)}"
 
@@ -235,7 +275,10 @@ class Toolbox:
         target = self.resolve(path)
         if not target.is_file():
             raise ToolRefused(f"{path!r} is not a file")
-        text = target.read_text(encoding="utf-8")
+        if not isinstance(old, str) or not isinstance(new, str):
+            raise TypeError("old and new must be strings")
+        encoded(old, "old"), encoded(new, "new")
+        text = self._read_text(target, path)
         count = text.count(old) if old else 0
         if count == 0:
             hint = f"; {closest(text.splitlines(), old)}" if old else ""
@@ -248,7 +291,7 @@ class Toolbox:
             )
         if new == old:
             return f"unchanged: `new` is the same as `old`; {self._rel(target)} not edited"
-        target.write_text(text.replace(old, new, 1), encoding="utf-8")
+        target.write_bytes(self._writable(text.replace(old, new, 1).encode("utf-8"), path))
         self._memo.forget(self._rel(target))
         return f"edited {self._rel(target)}"
 
@@ -278,6 +321,8 @@ class Toolbox:
         matches: list[str] = []
         for file in filter(self._shown, files):
             try:
+                if file.stat().st_size > MAX_FILE_BYTES:
+                    continue
                 lines = file.read_text(encoding="utf-8").splitlines()
             except (UnicodeDecodeError, OSError):
                 continue
@@ -300,6 +345,28 @@ class Toolbox:
         if not isinstance(summary, str):
             raise TypeError("summary must be a string")
         return FINISHED
+
+    def _read_text(self, target: Path, path: str) -> str:
+        """The file's text; ToolRefused when it is too large to read whole."""
+        size = target.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ToolRefused(
+                f"{path!r} is {size} bytes, over the {MAX_FILE_BYTES} a file tool reads "
+                "whole: look into it with run_command (head, sed -n, grep)"
+            )
+        return target.read_text(encoding="utf-8")
+
+    def _writable(self, data: bytes, path: str) -> bytes:
+        """``data`` if a file may hold it; ToolRefused naming the limit otherwise."""
+        limit, name = MAX_WRITE_BYTES, "merlin_flow.tools.MAX_WRITE_BYTES"
+        if self.sandbox.max_file_size_mb and self.sandbox.max_file_size_mb * 2**20 < limit:
+            limit, name = self.sandbox.max_file_size_mb * 2**20, "[sandbox] max_file_size_mb"
+        if len(data) > limit:
+            raise ToolRefused(
+                f"{path!r} would be {len(data)} bytes, over the {limit} a tool may write "
+                f"({name}); nothing was written"
+            )
+        return data
 
     def _walk(self, base: Path) -> list[Path]:
         found = []
