@@ -2,20 +2,47 @@
 
 The embedded broker never redelivers a message whose worker was killed (kill -9, power
 loss), and Redis only does so after its visibility timeout. So every worker runs this
-sweep when it starts and every ``MERLIN_SWEEP_INTERVAL`` seconds. A step held by a worker
-whose lease expired counts a recovery; past ``max_recoveries`` it fails as "worker lost"
-instead of looping. A queued step whose message has waited past ``handoff_seconds`` is
-enqueued again without counting (the duplicate is harmless: whichever message comes
-second finds the lease or the phase changed and stops).
+sweep when it starts and every ``MERLIN_SWEEP_INTERVAL`` seconds.
+
+**A lost worker.** A step held by a worker whose lease expired is taken over: queued
+again and published (every take-over adds one to ``losses``). Whether the loss counts
+against the step (``recoveries``, limited by ``max_recoveries``) follows one rule:
+
+    A loss counts against a step only when the step is the one running in every loss
+    since its previous one: no other step, of any job, lost its worker (a different
+    process) between the step's previous loss (or its start) and this one.
+
+A poison step, one that kills its worker each time it is delivered, is the only one
+lost in each of its deaths, so each death counts and it is parked ("failed: worker lost
+N times ... a poison step") after ``max_recoveries``: never looped forever, and the
+other jobs go on. A machine that loses workers for its own reasons (OOM kills of other
+processes, a node drained, kill -9 at random) loses other steps too: the step is queued
+again without counting, however often. The gap between two losses of one step is at
+least a lease (its lease must lapse before the take-over), so a step that is merely
+unlucky would need the machine to lose no other busy worker in each of several such
+gaps while it keeps losing the one running it. Losses of steps run by one process (a
+threaded worker running two) are one death: both steps count it. Kills of an idle worker
+leave no row, so on a machine whose only busy worker keeps dying, a step is parked as it
+would be if it were the cause: the two cannot be told apart from the database.
+
+**A lost message.** A queued step (a ``QUEUED`` lease) waits for its message. When the
+caller can read the broker (``messages``), a queued step whose message is neither in a
+queue nor just delivered, ``grace`` seconds after it was queued, lost it (its publisher
+or the worker it was delivered to died first): it is published again at once, without
+counting. Otherwise, and on a broker that cannot be read, a ``QUEUED`` lease that
+outlives ``handoff_seconds`` is published again. A duplicate message is harmless:
+whichever message comes second finds the lease or the phase changed and stops.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.graph import is_active
@@ -41,21 +68,50 @@ from merlin_flow.store import (
 log = logging.getLogger(__name__)
 
 WORKER_LOST = "worker lost"
+MESSAGE_LOST = "its message was lost"
+MIN_GRACE_SECONDS = 10.0
+"""A queued step's message is looked for this long (or a sweep interval) before it is lost:
+long enough for a publisher that commits first and then imports Celery (`merlin submit`)."""
+
+Messages = set[tuple[str, str]]
+"""``(job id, step key)`` of every step or verify message in a queue or just delivered."""
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A step to take over (or a job to finalize: ``step_id`` None)."""
+
+    job_id: str
+    step_id: int | None = None
+    owner: str | None = None
+    expires: datetime | None = None
+    message_lost: bool = False
+
+
+def grace(settings: Settings) -> float:
+    """Seconds a queued step's message may be missing from the broker before it is lost."""
+    return max(MIN_GRACE_SECONDS, settings.sweep_interval)
 
 
 def sweep(
-    db: Database, settings: Settings, enqueue: Callable[[str, str | None], object]
+    db: Database,
+    settings: Settings,
+    enqueue: Callable[[str, str | None], object],
+    messages: Callable[[], Messages | None] | None = None,
 ) -> list[str]:
     """Re-enqueue the steps that lost their worker or their message; return their jobs' ids.
 
-    ``enqueue(job_id, step_key)`` publishes a step's chain (the finalize for None). Every
-    step of a job is looked at: steps of one job run at once, and each holds its own
-    lease. A job whose steps all finished, or that ended, is finalized if it was not.
+    ``enqueue(job_id, step_key)`` publishes a step's chain (the finalize for None);
+    ``messages()`` lists what the broker holds (None: it cannot tell). Every step of a
+    job is looked at: steps of one job run at once, and each holds its own lease. A job
+    whose steps all finished, or that ended, is finalized if it was not.
     """
+    on_broker = messages() if messages is not None else None  # read before the rows
     now = utcnow()
+    handoff, wait = timedelta(seconds=settings.handoff_seconds), timedelta(seconds=grace(settings))
     with db.reader() as session:
         jobs = session.scalars(select(Job).where(Job.finished_at.is_(None))).all()
-        candidates: list[tuple[str, int | None, str | None, datetime | None]] = []
+        candidates: list[_Candidate] = []
         stalled: list[str] = []
         for job in jobs:
             if job.status in (JobStatus.PLANNING, JobStatus.AWAITING_APPROVAL):
@@ -63,7 +119,7 @@ def sweep(
             unfinished = [s for s in job.steps if s.status not in FINISHED_STEP_STATUSES]
             if job.status in FINAL_JOB_STATUSES or not unfinished:
                 # Nothing left to run, but never closed (its worker died first): close it.
-                candidates.append((job.id, None, None, None))
+                candidates.append(_Candidate(job.id))
                 continue
             if job.status in (JobStatus.PENDING, JobStatus.RUNNING) and not any(
                 is_active(step) for step in unfinished
@@ -71,15 +127,28 @@ def sweep(
                 stalled.append(job.id)
             for step in unfinished:
                 expires = step.lease_expires_at
-                if expires is not None and expires < now:
-                    candidates.append((job.id, step.id, step.lease_owner, expires))
+                if expires is None:
+                    continue
+                lost = (
+                    on_broker is not None
+                    and step.lease_owner == QUEUED
+                    and expires - handoff < now - wait  # queued more than ``grace`` ago
+                    and (job.id, step.key) not in on_broker
+                )
+                if expires < now or lost:
+                    candidates.append(
+                        _Candidate(
+                            job.id, step.id, step.lease_owner, expires, lost and expires >= now
+                        )
+                    )
     recovered: list[str] = []
-    for job_id, step_id, owner, expires in candidates:
+    for candidate in candidates:
+        job_id = candidate.job_id
         try:  # one broken job (its repository deleted, say) must not stop the others
-            if step_id is None:
+            if candidate.step_id is None:
                 finalize_job(db, settings, job_id)
                 continue
-            key = _take_over(db, settings, job_id, step_id, owner, expires)
+            key = _take_over(db, settings, candidate)
             if key is not None:
                 recovered.append(job_id)
                 enqueue(job_id, key)
@@ -107,10 +176,37 @@ def _start_stalled(db: Database, settings: Settings, job_id: str) -> tuple[str, 
         return dispatch.start
 
 
-def _take_over(
-    db: Database, settings: Settings, job_id: str, step_id: int, owner: str | None, expires: object
-) -> str | None:
+def _process(token: str | None) -> str:
+    """The process a lease token belongs to (``host:pid`` of ``host:pid:random``)."""
+    return (token or "").rsplit(":", 1)[0]
+
+
+def counts_against(session: Session, step: Step, owner: str | None, now: datetime) -> bool:
+    """Whether losing ``owner`` counts against ``step``: no other process lost a step since.
+
+    "Since" is the step's previous loss, or its start. Steps lost right now (their
+    worker's lease expired, not yet taken over) count as lost too, so that two workers
+    lost together are seen by both take-overs, whichever comes first.
+    """
+    since = step.lost_at or step.started_at or datetime.min
+    others = session.scalars(
+        select(Step.lost_by).where(Step.id != step.id, Step.lost_at > since)
+    ).all()
+    dying = session.scalars(
+        select(Step.lease_owner).where(
+            Step.id != step.id,
+            Step.lease_owner.is_not(None),
+            Step.lease_owner != QUEUED,
+            Step.lease_expires_at < now,
+        )
+    ).all()
+    me = _process(owner)
+    return all(_process(other) == me for other in [*others, *dying])
+
+
+def _take_over(db: Database, settings: Settings, lost: _Candidate) -> str | None:
     """Hand an expired step back to the queue; its key if this sweep won and should enqueue."""
+    job_id, step_id, owner, expires = lost.job_id, lost.step_id, lost.owner, lost.expires
     worker_died = owner not in (None, QUEUED)
     with db.session() as session:
         job = session.get_one(Job, job_id, with_for_update=True)  # job first, as everywhere
@@ -125,32 +221,42 @@ def _take_over(
     if ended:
         finalize_job(db, settings, job_id)  # its worker is gone: close the job
         return None
+    now = utcnow()
     with db.session() as session:
         job = session.get_one(Job, job_id, with_for_update=True)
         limits = MerlinConfig.model_validate(job.config).limits
+        step = session.get_one(Step, step_id)
+        counted = worker_died and counts_against(session, step, owner, now)
+        died: dict[str, object] = {}
+        if worker_died:
+            died = {"losses": Step.losses + 1, "lost_at": now, "lost_by": owner}
         result = session.execute(
             update(Step)
             .where(Step.id == step_id, Step.lease_owner == owner, Step.lease_expires_at == expires)
             .values(
-                recoveries=Step.recoveries + (1 if worker_died else 0),
+                recoveries=Step.recoveries + (1 if counted else 0),
+                **died,
                 **queued_values(settings.handoff_seconds),
             )
             .execution_options(synchronize_session=False)
         )
         if not result.rowcount:  # type: ignore[attr-defined]
             return None  # another sweep, or the step's own worker, got there first
-        step = session.get_one(Step, step_id)
         session.refresh(step)
-        if worker_died and step.recoveries > limits.max_recoveries:
+        if counted and step.recoveries > limits.max_recoveries:
             step.lease_owner = step.lease_expires_at = None
             reason = (
-                f"step {step.key} failed: {WORKER_LOST} {step.recoveries} times "
-                f"(max_recoveries = {limits.max_recoveries})"
+                f"step {step.key} failed: {WORKER_LOST} {step.recoveries} times with no other "
+                f"step lost in between (max_recoveries = {limits.max_recoveries}): it kills "
+                "its worker (a poison step), so it is parked"
             )
             fail_job_in_session(session, job_id, step, reason)
             failed = True
         else:
-            what = "its worker was lost" if worker_died else "its message waited too long"
+            if worker_died:
+                what = "its worker was lost" + ("" if counted else " (other steps were too)")
+            else:
+                what = MESSAGE_LOST if lost.message_lost else "its message waited too long"
             add_event(
                 session,
                 job_id,
@@ -158,10 +264,12 @@ def _take_over(
                 f"step {step.key} re-enqueued: {what}",
                 step.key,
                 recoveries=step.recoveries,
+                losses=step.losses,
+                counted=counted,
             )
             failed = False
     if failed:
-        log.warning("job %s failed: a step was lost more than max_recoveries times", job_id)
+        log.warning("job %s failed: step parked as poison (lost its worker alone)", job_id)
         finalize_job(db, settings, job_id)
         return None
     return None if job.status in FINAL_JOB_STATUSES else step.key

@@ -1,20 +1,27 @@
 """The recovery sweeper thread every worker runs, plus the embedded broker's purge.
 
-The same thread writes the worker's beat (``merlin_flow.presence``) before each sweep.
+The same thread writes the worker's beat (``merlin_flow.presence``) before each sweep,
+and reads which step messages the broker holds (``broker_messages``), so that the sweep
+notices a queued step whose message was lost within seconds (``merlin_flow.recovery``).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import threading
+import time
+from typing import Any
 
 from sqlalchemy import create_engine, inspect, text
 
 from merlin_flow.presence import beat, leave
-from merlin_flow.recovery import sweep
+from merlin_flow.recovery import Messages, grace, sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
 from workers.canvas import enqueue_job
+from workers.tasks import ALL_QUEUES, STEP_TASK, VERIFY_TASK
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +45,85 @@ def purge_delivered_messages(settings: Settings) -> int:
         engine.dispose()
 
 
+REDIS_PRIORITIES = (0, 3, 6, 9)
+"""kombu's Redis priority steps: a queue's messages of priority p > 0 are in ``queue\x06\x16p``."""
+
+
+def _step_of(payload: Any) -> tuple[str, str] | None:
+    """``(job id, step key)`` of a step or verify message (kombu's JSON envelope), else None."""
+    try:
+        if isinstance(payload, (bytes, str)):
+            payload = json.loads(payload)
+        if payload["headers"].get("task") not in (STEP_TASK, VERIFY_TASK):
+            return None
+        body = payload["body"]
+        if payload.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        return str(args[0]), str(args[1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def _redis_messages(settings: Settings) -> Messages:
+    """Step messages in Redis's queues, or delivered (unacked) less than ``grace`` ago.
+
+    A message delivered longer ago whose step is still queued went to a worker that
+    died before it claimed the step (it would stay unacked for the visibility timeout).
+    """
+    import redis
+
+    client = redis.Redis.from_url(settings.broker, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        found: Messages = set()
+        for queue in ALL_QUEUES:
+            for priority in REDIS_PRIORITIES:
+                key = f"{queue}\x06\x16{priority}" if priority else queue
+                for raw in client.lrange(key, 0, -1):
+                    found.add(_step_of(raw) or ("", ""))
+        since = time.time() - grace(settings)
+        tags: list[Any] = list(client.zrangebyscore("unacked_index", since, "+inf"))
+        for delivered in client.hmget("unacked", tags) if tags else []:
+            if delivered is not None:  # [message, exchange, routing key]
+                found.add(_step_of(json.loads(delivered)[0]) or ("", ""))
+        return found
+    finally:
+        client.close()
+
+
+def _embedded_messages(settings: Settings) -> Messages:
+    """Step messages the embedded broker has not delivered yet."""
+    engine = create_engine(settings.broker.removeprefix("sqla+"))
+    try:
+        if "kombu_message" not in inspect(engine).get_table_names():
+            return set()
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT payload FROM kombu_message WHERE visible = 1"))
+            return {_step_of(row[0]) or ("", "") for row in rows}
+    finally:
+        engine.dispose()
+
+
+def broker_messages(settings: Settings) -> Messages | None:
+    """The steps whose message is waiting on the broker; None if the broker cannot tell."""
+    try:
+        if settings.broker_is_embedded:
+            return _embedded_messages(settings)
+        if settings.broker.startswith(("redis://", "rediss://")):
+            return _redis_messages(settings)
+    except Exception:
+        log.warning("recovery sweep: the broker's messages could not be read", exc_info=True)
+    return None
+
+
 def run_sweep(db: Database, settings: Settings) -> list[str]:
-    """One sweep: re-enqueue lost steps, purge delivered broker rows."""
-    recovered = sweep(db, settings, lambda job_id, key: enqueue_job(db, job_id, key))
+    """One sweep: re-enqueue lost steps (lost workers, lost messages), purge delivered rows."""
+    recovered = sweep(
+        db,
+        settings,
+        lambda job_id, key: enqueue_job(db, job_id, key),
+        lambda: broker_messages(settings),
+    )
     if recovered:
         log.warning("recovery sweep re-enqueued jobs %s", ", ".join(recovered))
     purge_delivered_messages(settings)

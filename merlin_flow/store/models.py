@@ -123,6 +123,14 @@ class Step(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime, index=True)
     deliveries: Mapped[int] = mapped_column(Integer, default=0)
     recoveries: Mapped[int] = mapped_column(Integer, default=0)
+    """Losses of its worker counted against the step (``merlin_flow.recovery``): those in
+    which it was the only step lost; past ``max_recoveries`` it is parked as poison."""
+    losses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    """Every take-over of the step from a lost worker, counted against it or not."""
+    lost_at: Mapped[datetime | None] = mapped_column(DateTime, index=True)
+    """When the recovery sweep last took the step over from a lost worker."""
+    lost_by: Mapped[str | None] = mapped_column(String(128))
+    """The lease token of the worker it was last taken over from."""
     started_at: Mapped[datetime | None] = mapped_column(DateTime)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
 

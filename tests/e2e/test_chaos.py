@@ -1,0 +1,59 @@
+"""A small chaos campaign (``python -m tests.chaos``) in CI: real workers killed at random.
+
+Six jobs of two steps on two `merlin worker` processes, on the embedded SQLite store and
+broker, while three workers in turn are SIGKILLed (their whole process group) and
+replaced; then every invariant of ``tests.chaos.invariants`` holds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.__main__ import parse
+from tests.chaos.campaign import Campaign, backend
+from tests.chaos.invariants import check
+
+pytestmark = pytest.mark.e2e
+
+
+def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
+    args = parse(
+        ["--jobs", "6", "--steps", "2", "--workers", "2", "--backend", "sqlite",
+         "--kill-every", "2", "4", "--max-kills", "3", "--seed", "7", "--max-minutes", "1.5"]
+    )  # fmt: skip
+    with backend("sqlite", tmp_path) as target:
+        campaign = Campaign(tmp_path, args, target)
+        try:
+            seconds = campaign.run()
+        finally:
+            campaign.stop()
+        found = check(campaign.db, campaign.job_ids, campaign.repos, campaign.home)
+        campaign.stop()
+    assert len(campaign.tally.kills) == 3
+    assert campaign.tally.submit_failures == []
+    assert found.violations == [], campaign.log_tail()
+    assert (found.jobs, found.completed) == (6, 6)
+    assert seconds < 90
+
+
+def test_a_poison_step_is_parked_and_the_other_jobs_complete(tmp_path: Path) -> None:
+    """A step that kills the process running it at every delivery, with no other kill."""
+    args = parse(
+        ["--jobs", "3", "--poison", "1", "--steps", "2", "--workers", "2",
+         "--backend", "sqlite", "--max-kills", "0", "--seed", "8", "--max-minutes", "2"]
+    )  # fmt: skip
+    with backend("sqlite", tmp_path) as target:
+        campaign = Campaign(tmp_path, args, target)
+        try:
+            seconds = campaign.run()
+        finally:
+            campaign.stop()
+        found = check(
+            campaign.db, campaign.job_ids, campaign.repos, campaign.home, campaign.poisoned
+        )
+        campaign.stop()
+    assert found.violations == [], campaign.log_tail()
+    assert (found.jobs, found.completed, found.parked) == (3, 2, 1)
+    assert seconds < 110
