@@ -40,6 +40,7 @@ from merlin_flow.agent_imports import (
 )
 from merlin_flow.errors import AgentFileError
 from merlin_flow.resources import resource_dir
+from merlin_flow.tasklist import YAML_TAG_ERRORS
 
 __all__ = [
     "AgentCatalog",
@@ -226,7 +227,9 @@ def parse_agent_file(path: Path, scope: AgentScope, root: Path | None) -> AgentD
     tools = _tools(data.get("tools"), warnings)
     tier, model, memory = _text(data, "tier"), _text(data, "model"), _text(data, "memory")
     if tier and model:
-        raise AgentFileError(f"both tier ({tier!r}) and model ({model!r}) are set: keep one")
+        raise AgentFileError(
+            f"both tier ({_shown(tier)}) and model ({_shown(model)}) are set: keep one"
+        )
     unknown = sorted(str(key) for key in data if key not in FIELDS)
     if unknown:
         warnings.append(
@@ -264,6 +267,12 @@ def _front_matter(text: str) -> tuple[dict[Any, Any], str]:
         where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or exc
         raise AgentFileError(f"invalid YAML in the front matter{where}: {problem}") from None
+    except RecursionError:
+        raise AgentFileError("the front matter is nested too deeply (lists or mappings)") from None
+    except YAML_TAG_ERRORS as exc:
+        raise AgentFileError(
+            f"invalid YAML in the front matter: a value unfit for its tag ({exc})"
+        ) from None
     if not isinstance(data, dict):
         raise AgentFileError(
             "the front matter is not a mapping of keys (name: ..., description: ...)"

@@ -85,7 +85,10 @@ def locate(written: str, importer: Path, root: Path | None) -> Path:
         path = Path(written)
     else:
         path = importer.parent / written
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a NUL byte, a symlink loop...
+        raise AgentFileError(f"{_cut(repr(written))} is not a usable path: {exc}") from None
     if root is not None:
         ensure_inside(resolved, root, written)
     return resolved
@@ -103,9 +106,15 @@ def read_text(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise AgentFileError(f"{what}: {path} does not exist") from None
+        raise AgentFileError(f"{what}: {_cut(str(path))} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise AgentFileError(f"{what}: cannot read {path}: {exc}") from None
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise AgentFileError(f"{what}: cannot read {_cut(str(path))}: {reason}") from None
+
+
+def _cut(text: str) -> str:
+    """A path for a message: a very long one (a huge import or memory field) cut short."""
+    return text if len(text) <= 200 else f"{text[:120]}...{text[-60:]} ({len(text):,} characters)"
 
 
 class _Expansion:

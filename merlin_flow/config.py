@@ -374,18 +374,20 @@ def load_config(
             data.pop("routing", None)  # the defaults' routing names the defaults' tiers
         data = _merge(data, overlay)
         data["source"] = str(source)
+    prefix: list[str] = []
     try:
         config = MerlinConfig.model_validate(data)
         if "permissions" in user:
             from merlin_flow.permissions import merge_rules
 
-            where = user_file
+            where, prefix = user_file, ["permissions"]
             mine = PermissionRules.model_validate(user["permissions"])
             config.permissions = merge_rules(mine, config.permissions)
     except ValidationError as exc:
         where = where or source or defaults_file
         problems = "\n".join(
-            f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+            f"  {'.'.join(str(p)[:60] for p in [*prefix, *err['loc']])}: "
+            f"{err['msg'].removeprefix('Value error, ')}"
             for err in exc.errors()
         )
         raise ConfigError(f"{where}: invalid configuration\n{problems}") from None
@@ -417,6 +419,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: malformed TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8
+        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a merlin.toml") from None
     except OSError as exc:

@@ -96,7 +96,8 @@ class Completion:
     @property
     def tool_calls(self) -> list[dict[str, Any]]:
         """The tool calls in the reply (empty when the model answered in text)."""
-        return list(self.message.get("tool_calls") or [])
+        calls = self.message.get("tool_calls") if isinstance(self.message, dict) else None
+        return list(calls) if isinstance(calls, list) else []  # a damaged record: no calls
 
 
 CONTENT_FILTERED = "the provider's content filter stopped the reply (finish_reason content_filter)"

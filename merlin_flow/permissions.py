@@ -106,16 +106,16 @@ def parse_rule(text: str) -> Rule:
     text = text.strip()
     kind, paren, rest = text.partition("(")
     if (not paren and ")" in text) or (paren and not _balanced(rest)):
-        raise ValueError(f"permission rule {text!r}: unbalanced parentheses")
+        raise ValueError(f"permission rule {_quoted(text)}: unbalanced parentheses")
     spec = rest[:-1].strip() if paren else None
     if _MCP.match(kind):
         if paren:
-            raise ValueError(f"permission rule {text!r}: MCP tools take no specifier")
+            raise ValueError(f"permission rule {_quoted(text)}: MCP tools take no specifier")
         return Rule(text, kind.removesuffix("__*"))
     if kind not in KIND_TOOLS:
         hint = next((f" (did you mean {k}?)" for k in KIND_TOOLS if k.lower() == kind.lower()), "")
         raise ValueError(
-            f"permission rule {text!r}: unknown tool {kind!r}{hint}; rules name "
+            f"permission rule {_quoted(text)}: unknown tool {_quoted(kind)}{hint}; rules name "
             f"{', '.join(KIND_TOOLS)}, "
             "mcp__<server> or mcp__<server>__<tool>"
         )
@@ -123,10 +123,15 @@ def parse_rule(text: str) -> Rule:
         return Rule(text, kind)
     if not spec or "\x00" in spec:
         problem = "a NUL character" if spec else f"empty specifier ({kind} alone: the whole tool)"
-        raise ValueError(f"permission rule {text!r}: {problem}")
+        raise ValueError(f"permission rule {_quoted(text)}: {problem}")
     if KIND_TOOLS[kind] == ("run_command",):
         return Rule(text, kind, spec, command=_command_pattern(text, spec))
     return Rule(text, kind, spec, path=_path_pattern(text, spec))
+
+
+def _quoted(text: str) -> str:
+    """A rule as its error shows it: quoted, cut short when it is long."""
+    return repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
 
 
 def _balanced(rest: str) -> bool:
@@ -148,11 +153,11 @@ def _command_pattern(text: str, spec: str) -> re.Pattern[str]:
     prefix = spec.endswith((":*", " *"))
     base = spec[:-2].strip() if prefix else spec
     if ":*" in base or not base:
-        raise ValueError(f"permission rule {text!r}: `:*` goes at the end, after a command")
+        raise ValueError(f"permission rule {_quoted(text)}: `:*` goes at the end, after a command")
     try:
         words = base if "*" in base else " ".join(shlex.split(base))
     except ValueError as exc:
-        raise ValueError(f"permission rule {text!r}: {exc}") from None
+        raise ValueError(f"permission rule {_quoted(text)}: {exc}") from None
     body = ".*".join(re.escape(part) for part in words.split("*"))
     return re.compile(body + ("(?: .*)?" if prefix else ""), re.DOTALL)
 
@@ -164,7 +169,7 @@ def _path_pattern(text: str, spec: str) -> re.Pattern[str] | None:
     body = spec.removeprefix("./").strip("/")
     segments = body.split("/") if body else ["**"]
     if any(seg in ("", ".", "..") for seg in segments):
-        raise ValueError(f"permission rule {text!r}: `.`, `..` or `//` inside the path")
+        raise ValueError(f"permission rule {_quoted(text)}: `.`, `..` or `//` inside the path")
     out = "" if anchored else "(?:.*/)?"
     for index, seg in enumerate(segments):
         last = index == len(segments) - 1

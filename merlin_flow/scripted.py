@@ -34,6 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from merlin_flow.errors import ConfigError
+from merlin_flow.tasklist import YAML_TAG_ERRORS
 from merlin_flow.tokens import conversation_text, count_tokens
 
 PROVIDER = "scripted"
@@ -139,10 +140,14 @@ def load_script(path: str | Path) -> Script:
 def _load_script(path: str, _mtime_ns: int) -> Script:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, *YAML_TAG_ERRORS) as exc:
         raise ConfigError(f"cannot read scripted model file {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"scripted model file {path}: nested too deeply") from None
     try:
         return Script.model_validate(data)
+    except RecursionError:
+        raise ConfigError(f"scripted model file {path}: nested too deeply") from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()

@@ -29,6 +29,9 @@ from merlin_flow.errors import TaskListError
 
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 TOO_DEEP = "nested too deeply to be a TaskList (lists or mappings inside each other)"
+YAML_TAG_ERRORS = (AttributeError, LookupError, TypeError, ValueError)
+"""What PyYAML's constructors raise, instead of a YAMLError, for a value unfit for its
+explicit tag (``!!int abc``, ``!!int`` with no value, ``!!bool x``, ``!!timestamp 20x``)."""
 
 
 class OnFailure(StrEnum):
@@ -224,17 +227,33 @@ def load_tasklist(path: str | Path) -> TaskList:
             where = f" at line {mark.line + 1}, column {mark.column + 1}"
         problem = getattr(exc, "problem", None) or str(exc)
         raise TaskListError(f"{path}: malformed YAML{where}: {problem}") from None
+    except YAML_TAG_ERRORS as exc:
+        raise TaskListError(f"{path}: malformed YAML: a value unfit for its tag ({exc})") from None
     return parse_tasklist(data, str(path))
+
+
+MAX_PROBLEMS = 20
+"""The most problems a TaskListError lists; the rest are counted."""
+MAX_SHOWN = 60
+"""The most characters of a key, a step id or a message a TaskListError shows of each."""
 
 
 def _describe(exc: ValidationError, data: dict[str, Any]) -> str:
     lines = []
-    for error in exc.errors():
+    errors = exc.errors(include_input=False, include_url=False)
+    for error in errors[:MAX_PROBLEMS]:
         loc = list(error["loc"])
         where = _format_loc(loc, data)
-        message = error["msg"].removeprefix("Value error, ")
+        message = _cut(error["msg"].removeprefix("Value error, "), 4 * MAX_SHOWN)
         lines.append(f"  {where}: {message}" if where else f"  {message}")
+    if len(errors) > MAX_PROBLEMS:
+        lines.append(f"  ... and {len(errors) - MAX_PROBLEMS} more problem(s)")
     return "\n".join(lines)
+
+
+def _cut(text: str, most: int = MAX_SHOWN) -> str:
+    """``text`` cut to ``most`` characters, saying so: a huge key or id is not echoed."""
+    return text if len(text) <= most else f"{text[:most]}... ({len(text):,} characters)"
 
 
 def _format_loc(loc: list[int | str], data: dict[str, Any]) -> str:
@@ -247,8 +266,8 @@ def _format_loc(loc: list[int | str], data: dict[str, Any]) -> str:
                 if isinstance(steps, list) and item < len(steps) and isinstance(steps[item], dict):
                     step_id = steps[item].get("id")
                     if step_id is not None:
-                        label += f" (id {step_id!r})"
+                        label += f" (id {_cut(repr(step_id))})"
             parts.append(label)
         else:
-            parts.append(("." if parts else "") + item)
+            parts.append(("." if parts else "") + _cut(str(item)))
     return "".join(parts)

@@ -123,11 +123,11 @@ def refuse_loosening(overlay: dict[str, Any], user: dict[str, Any], source: Path
         ]
         if loosened:
             problems.append(f"[sandbox] {', '.join(loosened)}")
-    user_default = (user.get("permissions") or {}).get("default")
-    allows = (overlay.get("permissions") or {}).get("allow")
+    user_default = _table(user, "permissions").get("default")
+    allows = _table(overlay, "permissions").get("allow")
     if user_default == "deny" and allows:
         problems.append('[permissions] allow (the user\'s file sets default = "deny")')
-    servers = overlay.get("mcp_servers") or {}
+    servers = _table(overlay, "mcp_servers")
     remote = [n for n, s in servers.items() if isinstance(s, dict) and s.get("url") is not None]
     if remote:
         problems.append(f"[mcp_servers] with a url ({', '.join(sorted(remote))})")
@@ -137,3 +137,9 @@ def refuse_loosening(overlay: dict[str, Any], user: dict[str, Any], source: Path
             "repository's own merlin.toml may not (its content is untrusted, like its code): "
             "put these settings in a file you pass with --config"
         )
+
+
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """The table ``data[key]``; {} when it is absent or not a table (validation says so)."""
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
