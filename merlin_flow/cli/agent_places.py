@@ -13,29 +13,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
-from typer.core import TyperCommand
 
 from merlin_flow.cli.common import console, err_console
 from merlin_flow.errors import InputError, MerlinError
 
 if TYPE_CHECKING:
     from merlin_flow.agent_files import AgentCatalog, AgentDefinition, AgentScope
-
-
-class AgentCommand(TyperCommand):
-    """Usage lines like ``merlin agents show [OPTIONS] NAME``, as ``app.Command`` gives.
-
-    ``app.Command`` cannot be imported by ``merlin agents``: ``app`` imports its module.
-    """
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        """Options, then each argument by its metavar: bare when required, else in []."""
-        pieces = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            if param.param_type_name == "argument":
-                name = param.metavar or (param.name or "").upper()
-                pieces.append(name if param.required else f"[{name}]")
-        return pieces
 
 
 class WritableScope(StrEnum):

@@ -18,7 +18,6 @@ from rich.markup import escape
 from merlin_flow.cli.agent_places import (
     DEFAULT_DESCRIPTION,
     TEMPLATE,
-    AgentCommand,
     NameArg,
     PromptArg,
     RepoOption,
@@ -37,7 +36,7 @@ from merlin_flow.cli.agent_places import (
     tools_text,
     warn,
 )
-from merlin_flow.cli.common import ConfigOption, JsonOption, console, guarded, rule
+from merlin_flow.cli.common import Command, ConfigOption, JsonOption, console, guarded, rule
 from merlin_flow.errors import InputError, MerlinError
 
 if TYPE_CHECKING:
@@ -52,7 +51,7 @@ agents_app = typer.Typer(
 )
 
 
-@agents_app.command("list", cls=AgentCommand)
+@agents_app.command("list", cls=Command)
 def list_agents(
     repo: RepoOption = ".",
     for_: Annotated[
@@ -107,7 +106,7 @@ def list_agents(
     guarded(work)
 
 
-@agents_app.command("show", cls=AgentCommand)
+@agents_app.command("show", cls=Command)
 def show(name: NameArg, repo: RepoOption = ".", as_json: JsonOption = False) -> None:
     """Show an agent's definition and the whole prompt it gives a step."""
 
@@ -135,7 +134,7 @@ def show(name: NameArg, repo: RepoOption = ".", as_json: JsonOption = False) -> 
     guarded(work)
 
 
-@agents_app.command("create", cls=AgentCommand)
+@agents_app.command("create", cls=Command)
 def create(
     name: NameArg,
     description: Annotated[
@@ -185,7 +184,7 @@ def create(
     guarded(work)
 
 
-@agents_app.command("edit", cls=AgentCommand)
+@agents_app.command("edit", cls=Command)
 def edit(name: NameArg, scope: ScopeOption = None, repo: RepoOption = ".") -> None:
     """Open an agent's file in $VISUAL or $EDITOR, then check that it still loads.
 
@@ -228,7 +227,7 @@ def edit(name: NameArg, scope: ScopeOption = None, repo: RepoOption = ".") -> No
     guarded(work)
 
 
-@agents_app.command("rm", cls=AgentCommand)
+@agents_app.command("rm", cls=Command)
 def remove(name: NameArg, scope: ScopeOption = None, repo: RepoOption = ".") -> None:
     """Delete an agent's file; --scope says which when both the project and user have it.
 
@@ -258,7 +257,7 @@ def remove(name: NameArg, scope: ScopeOption = None, repo: RepoOption = ".") -> 
     guarded(work)
 
 
-@agents_app.command("init", cls=AgentCommand)
+@agents_app.command("init", cls=Command)
 def init(
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite agent files that exist already.")
@@ -291,7 +290,7 @@ def init(
     guarded(work)
 
 
-@agents_app.command("run", cls=AgentCommand)
+@agents_app.command("run", cls=Command)
 def run(
     name: NameArg,
     prompt: PromptArg,

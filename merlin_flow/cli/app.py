@@ -10,28 +10,15 @@ import sys
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperGroup
 
 from merlin_flow import __version__
 from merlin_flow.cli import agents, approval, inspecting, operations, planning, pruning, starting
-from merlin_flow.cli.common import console, err_console
+from merlin_flow.cli.common import Command, console, err_console
 
 # Plain help, as git and pip print it: `--json` with no `<bool>` after it, paragraphs
 # wrapped at the terminal's width, and `-h` beside `--help`.
 HELP = {"help_option_names": ["-h", "--help"]}
-
-
-class Command(TyperCommand):
-    """A command whose usage line reads ``merlin run [OPTIONS] TASKLIST``."""
-
-    def collect_usage_pieces(self, ctx: Any) -> list[str]:
-        """Options, then each argument by its metavar: bare when required, else in []."""
-        pieces = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            if param.param_type_name == "argument":
-                name = param.metavar or (param.name or "").upper()
-                pieces.append(name if param.required else f"[{name}]")
-        return pieces
 
 
 class Group(TyperGroup):

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand
 
 from merlin_flow.errors import InputError, MerlinError
 
@@ -120,3 +121,16 @@ def check_report_paths(*paths: Path | None) -> None:
         folder = next((p for p in target.absolute().parents if p.exists()), None)
         if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK):
             raise InputError(f"cannot write a report to {path}: {folder} is not a writable folder")
+
+
+class Command(TyperCommand):
+    """A command whose usage line reads ``merlin run [OPTIONS] TASKLIST``."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        """Options, then each argument by its metavar: bare when required, else in []."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar or (param.name or "").upper()
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
