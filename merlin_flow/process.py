@@ -12,6 +12,10 @@ in ``/proc/<pid>/environ``. That catches a daemon that left the group with ``set
 sandbox; in the sandbox its PID namespace ends with the command and takes it along. A
 process that clears its environment (``env -i``) escapes the mark: only the sandbox
 stops it. File-size and memory limits are applied with util-linux's ``prlimit``.
+
+Every command runs behind its guard (``merlin_flow.command_guard``): if the worker
+process dies while the command runs (SIGKILL, the OOM killer), the guard kills the
+command and everything carrying its mark, so a resumed attempt never runs beside it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -30,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from merlin_flow.command_guard import MARK_VARIABLE, NOT_STARTED_EXIT_CODE, kill_marked
+
 OUTPUT_TAIL_CHARS = 4000
 TIMEOUT_EXIT_CODE = 124
-MARK_VARIABLE = "MERLIN_COMMAND_MARK"
-"""The variable whose value marks one command's processes, to kill them afterwards."""
-PROC = Path("/proc")
+GUARD = Path(__file__).with_name("command_guard.py")
 
 
 @dataclass(frozen=True)
@@ -60,14 +65,19 @@ def run_command(
     tail_chars: int = OUTPUT_TAIL_CHARS,
     limits: ResourceLimits | None = None,
 ) -> CommandResult:
-    """Run ``argv`` (no shell) in ``cwd``; kill its process group after ``timeout`` s."""
+    """Run ``argv`` (no shell) in ``cwd``; kill its process group after ``timeout`` s.
+
+    The command runs behind its guard (``merlin_flow.command_guard``), which kills it
+    if this process dies first.
+    """
     started = time.monotonic()
     mark = uuid.uuid4().hex
     marked = {**(os.environ if env is None else env), MARK_VARIABLE: mark}
+    guarded = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), "--"]
     with tempfile.TemporaryFile() as output:
         try:
             process = subprocess.Popen(
-                (limits or ResourceLimits()).wrap(list(argv)),
+                guarded + (limits or ResourceLimits()).wrap(list(argv)),
                 cwd=cwd,
                 env=marked,
                 stdin=subprocess.DEVNULL,
@@ -76,7 +86,9 @@ def run_command(
                 start_new_session=True,
             )
         except OSError as exc:
-            return CommandResult(127, f"cannot run {argv[0]!r}: {exc}", False, 0.0)
+            return CommandResult(
+                NOT_STARTED_EXIT_CODE, f"cannot run {argv[0]!r}: {exc}", False, 0.0
+            )
         timed_out = False
         try:
             exit_code = process.wait(timeout=timeout)
@@ -130,40 +142,6 @@ def _tail(output: IO[bytes], chars: int) -> str:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def kill_marked(mark: str) -> int:
-    """SIGKILL every process whose environment holds ``MARK_VARIABLE=mark``; how many.
-
-    Runs until a pass finds none (a marked process may fork while the others die), at
-    most a few passes. Without ``/proc`` (macOS) nothing is found.
-    """
-    entry = f"{MARK_VARIABLE}={mark}".encode()
-    killed = 0
-    for _ in range(5):
-        found = [pid for pid in _pids() if entry in _environ(pid)]
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        killed += len(found)
-        if not found:
-            break
-    return killed
-
-
-def _pids() -> list[int]:
-    try:
-        return [int(name) for name in os.listdir(PROC) if name.isdigit()]
-    except OSError:
-        return []
-
-
-def _environ(pid: int) -> list[bytes]:
-    """The environment a process started with (empty when it is gone or not ours)."""
-    try:
-        return (PROC / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return []
 
 
 def tool_environment(extra_path: str | None = None) -> dict[str, str]:

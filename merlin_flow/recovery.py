@@ -69,9 +69,12 @@ log = logging.getLogger(__name__)
 
 WORKER_LOST = "worker lost"
 MESSAGE_LOST = "its message was lost"
-MIN_GRACE_SECONDS = 10.0
+MIN_GRACE_SECONDS = 3.0
 """A queued step's message is looked for this long (or a sweep interval) before it is lost:
-long enough for a publisher that commits first and then imports Celery (`merlin submit`)."""
+long enough for a publisher between its commit and its publish (every publisher has
+imported Celery before it commits), and for a worker between receiving a message and
+claiming its step (under a second, unless the machine is overloaded). Shorter than a
+lease, so a message a killed worker had reserved runs elsewhere within a lease."""
 
 Messages = set[tuple[str, str]]
 """``(job id, step key)`` of every step or verify message in a queue or just delivered."""

@@ -67,7 +67,13 @@ def _submit(
     works_here: bool = False,
     check_tiers: bool = True,
 ) -> tuple[Database, str]:
-    """Check and record the job (nothing enqueued yet); warn when its sandbox is off."""
+    """Check and record the job (nothing enqueued yet); warn when its sandbox is off.
+
+    Celery is imported first, so that the job's messages follow its commit within
+    milliseconds: the recovery sweep takes a step queued for long with no message for
+    lost (``merlin_flow.recovery.grace``).
+    """
+    import workers.app  # noqa: F401
     from merlin_flow.submission import submit_job
 
     settings, db = state()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -139,10 +140,12 @@ def test_background_child_is_killed_after_a_successful_command(
     assert process_gone(child), f"background child {child} outlived its command"
 
 
-def test_command_runs_in_its_own_session(tmp_path: Path) -> None:
-    probe = "import os; print(os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())"
+def test_command_runs_in_its_own_session_led_by_its_guard(tmp_path: Path) -> None:
+    probe = "import os; print(os.getsid(0), os.getpgid(0), os.getppid())"
     result = run_command([sys.executable, "-c", probe], tmp_path, 10)
-    assert result.output_tail.split() == ["True", "True"]
+    session, group, parent = map(int, result.output_tail.split())
+    assert session == group == parent  # the guard leads the command's session and group
+    assert session != os.getsid(0)
 
 
 def test_tool_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,3 +165,47 @@ def test_colour_codes_a_project_forces_are_left_out_of_the_output(tmp_path: Path
     script = r"printf '\033[33m\033[1mno tests ran\033[0m in 0.01s\n\033[2K\033[?25hok\n'"
     result = run_command(["sh", "-c", script], cwd=tmp_path, timeout=10)
     assert result.output_tail == "no tests ran in 0.01s\nok\n"
+
+
+WORKER = """
+import sys, threading
+from pathlib import Path
+from merlin_flow.process import run_command
+
+folder = Path(sys.argv[1])
+script = (
+    "sleep 300 & echo $! > child.pid; setsid sleep 300 & echo $! > daemon.pid; "
+    "echo $$ > command.pid; wait"
+)
+# The command runs from a pool thread, as on the llm queue's thread pool.
+thread = threading.Thread(target=run_command, args=(["sh", "-c", script], folder, 600))
+thread.start()
+thread.join()
+"""
+
+
+def test_a_command_dies_with_the_worker_that_ran_it(
+    tmp_path: Path, cleanup_pids: list[int]
+) -> None:
+    # A stand-in worker runs a command (with a child and a setsid daemon) from a thread,
+    # and is SIGKILLed: the command's guard must kill all three.
+    worker = subprocess.Popen([sys.executable, "-c", WORKER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "command.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [read_pid(tmp_path / f"{name}.pid") for name in ("command", "child", "daemon")]
+        cleanup_pids.extend(pids)
+        assert not any(process_gone(pid, wait=0) for pid in pids)
+    finally:
+        worker.kill()
+        worker.wait()
+    for pid in pids:
+        assert process_gone(pid, wait=3), f"{pid} outlived its worker"
+
+
+def test_the_exit_code_of_a_command_killed_by_a_signal_passes_through_its_guard(
+    tmp_path: Path,
+) -> None:
+    result = run_command(["sh", "-c", "kill -TERM $$"], tmp_path, 10)
+    assert result.exit_code == -signal.SIGTERM
