@@ -29,9 +29,30 @@ from merlin_flow.store import Database, Step, utcnow
 QUEUED = "queued"
 
 
+_worker_name = ""
+"""The name of the worker this process serves (its beat's name), once it is known."""
+
+
+def set_worker_name(name: str) -> None:
+    """Name the worker this process (and the pool processes it forks later) serves."""
+    global _worker_name
+    _worker_name = name
+
+
 def new_token() -> str:
-    """A unique owner token for one task execution."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """A unique owner token for one task execution: ``host:pid:random:worker``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:{_worker_name}"
+
+
+def token_process(token: str | None) -> str:
+    """The process a lease token belongs to: its ``host:pid``."""
+    return ":".join((token or "").split(":", 2)[:2])
+
+
+def token_worker(token: str | None) -> str:
+    """The worker (its beat's name) a lease token belongs to; empty if it is not known."""
+    parts = (token or "").split(":", 3)
+    return parts[3] if len(parts) == 4 else ""
 
 
 def claim(db: Database, step_id: int, phase: str, token: str, seconds: float) -> bool:

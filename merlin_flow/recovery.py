@@ -9,8 +9,9 @@ again and published (every take-over adds one to ``losses``). Whether the loss c
 against the step (``recoveries``, limited by ``max_recoveries``) follows one rule:
 
     A loss counts against a step only when the step is the one running in every loss
-    since its previous one: no other step, of any job, lost its worker (a different
-    process) between the step's previous loss (or its start) and this one.
+    since its previous one: between the step's previous loss (or its start) and this
+    one, no other step, of any job, lost its worker (a different process), and no other
+    worker went silent (``merlin_flow.presence``: its beat stopped), busy or idle.
 
 A poison step, one that kills its worker each time it is delivered, is the only one
 lost in each of its deaths, so each death counts and it is parked ("failed: worker lost
@@ -21,9 +22,11 @@ again without counting, however often. The gap between two losses of one step is
 least a lease (its lease must lapse before the take-over), so a step that is merely
 unlucky would need the machine to lose no other busy worker in each of several such
 gaps while it keeps losing the one running it. Losses of steps run by one process (a
-threaded worker running two) are one death: both steps count it. Kills of an idle worker
-leave no row, so on a machine whose only busy worker keeps dying, a step is parked as it
-would be if it were the cause: the two cannot be told apart from the database.
+threaded worker running two) are one death: both steps count it. An idle worker's death
+shows as its beat going silent; lease tokens name their worker (``leases.new_token``),
+so a step's own worker's silence is not taken for another's. A machine whose only
+worker keeps dying, always while it runs the same step, still parks that step: from
+the database it looks the same as a step that kills its worker.
 
 **A lost message.** A queued step (a ``QUEUED`` lease) waits for its message. When the
 caller can read the broker (``messages``), a queued step whose message is neither in a
@@ -46,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.graph import is_active
-from merlin_flow.leases import QUEUED, queued_values
+from merlin_flow.leases import QUEUED, queued_values, token_process, token_worker
 from merlin_flow.lifecycle import (
     add_event,
     fail_job_in_session,
@@ -62,6 +65,7 @@ from merlin_flow.store import (
     Job,
     JobStatus,
     Step,
+    WorkerBeat,
     utcnow,
 )
 
@@ -179,15 +183,15 @@ def _start_stalled(db: Database, settings: Settings, job_id: str) -> tuple[str, 
         return dispatch.start
 
 
-def _process(token: str | None) -> str:
-    """The process a lease token belongs to (``host:pid`` of ``host:pid:random``)."""
-    return (token or "").rsplit(":", 1)[0]
+def counts_against(
+    session: Session, step: Step, owner: str | None, now: datetime, settings: Settings
+) -> bool:
+    """Whether losing ``owner`` counts against ``step``: no other worker was lost since.
 
-
-def counts_against(session: Session, step: Step, owner: str | None, now: datetime) -> bool:
-    """Whether losing ``owner`` counts against ``step``: no other process lost a step since.
-
-    "Since" is the step's previous loss, or its start. Steps lost right now (their
+    "Since" is the step's previous loss, or its start. Another worker was lost when
+    another process lost a step, or when another worker's beat (``presence``) went
+    silent, busy or idle: its last beat is after "since" and over two sweep intervals
+    old (a worker that stops cleanly removes its beat). Steps lost right now (their
     worker's lease expired, not yet taken over) count as lost too, so that two workers
     lost together are seen by both take-overs, whichever comes first.
     """
@@ -203,8 +207,16 @@ def counts_against(session: Session, step: Step, owner: str | None, now: datetim
             Step.lease_expires_at < now,
         )
     ).all()
-    me = _process(owner)
-    return all(_process(other) == me for other in [*others, *dying])
+    me = token_process(owner)
+    if any(token_process(other) != me for other in [*others, *dying]):
+        return False
+    silent = session.scalars(
+        select(WorkerBeat.name).where(
+            WorkerBeat.last_seen > since,
+            WorkerBeat.last_seen < now - timedelta(seconds=2 * settings.sweep_interval),
+        )
+    ).all()
+    return all(name == token_worker(owner) for name in silent)
 
 
 def _take_over(db: Database, settings: Settings, lost: _Candidate) -> str | None:
@@ -229,7 +241,7 @@ def _take_over(db: Database, settings: Settings, lost: _Candidate) -> str | None
         job = session.get_one(Job, job_id, with_for_update=True)
         limits = MerlinConfig.model_validate(job.config).limits
         step = session.get_one(Step, step_id)
-        counted = worker_died and counts_against(session, step, owner, now)
+        counted = worker_died and counts_against(session, step, owner, now, settings)
         died: dict[str, object] = {}
         if worker_died:
             died = {"losses": Step.losses + 1, "lost_at": now, "lost_by": owner}

@@ -19,6 +19,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 from kombu import Exchange, Queue
 
+from merlin_flow.leases import set_worker_name
 from merlin_flow.llm import preload
 from workers.sweeper import Sweeper
 from workers.tasks import ALL_QUEUES, runtime
@@ -27,8 +28,10 @@ _sweepers: list[Sweeper] = []
 
 
 @worker_init.connect
-def _preload(**_: Any) -> None:
-    # Import litellm (seconds) once in the parent, before the pool forks.
+def _preload(sender: Any = None, **_: Any) -> None:
+    # Import litellm (seconds) once in the parent, before the pool forks; and name the
+    # worker in its lease tokens, so that the recovery sweep can tell its beat.
+    set_worker_name(str(getattr(sender, "hostname", "") or ""))
     preload()
 
 
@@ -64,6 +67,7 @@ class EmbeddedWorker:
         """Start consuming, and the recovery sweeper."""
         preload()
         hostname = f"embedded-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
+        set_worker_name(hostname)
         self._worker = self.app.WorkController(
             app=self.app,
             hostname=hostname,

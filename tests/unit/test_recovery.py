@@ -16,7 +16,7 @@ from merlin_flow.leases import QUEUED
 from merlin_flow.lifecycle import fail_job_in_session
 from merlin_flow.recovery import MESSAGE_LOST, grace, sweep
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Event, Step, utcnow
+from merlin_flow.store import Database, Event, Step, WorkerBeat, utcnow
 from tests.conftest import make_repo
 from tests.unit.scripted_jobs import scripted_job
 
@@ -148,6 +148,54 @@ def test_steps_lost_in_two_deaths_at_once_count_neither(
     sweep(db, settings, lambda *_: None)
     assert [_row(db, job_id, key).recoveries for key in ("s0", "s1")] == [0, 0]
     assert [_row(db, job_id, key).losses for key in ("s0", "s1")] == [1, 1]
+
+
+def _beat(db: Database, name: str, seconds_ago: float) -> None:
+    """Worker ``name`` last beat ``seconds_ago`` (and then went silent, if long ago)."""
+    with db.session() as session:
+        session.add(
+            WorkerBeat(name=name, queues="llm", last_seen=utcnow() - timedelta(seconds=seconds_ago))
+        )
+
+
+def test_an_idle_workers_death_is_seen_in_its_silent_beat(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    # The step's worker dies each time, and so, in between, does an idle worker: its
+    # beat went silent (over two sweep intervals ago). The machine's doing: not counted.
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    silent = 3 * settings.sweep_interval
+    _lose(db, job_id, "s0", "host:1:a:busy-1@host")
+    sweep(db, settings, lambda *_: None)
+    assert _row(db, job_id).recoveries == 1  # the first loss, with none before it
+    for n in (2, 3):
+        with db.session() as session:  # the previous loss, and every beat, long ago
+            session.execute(update(WorkerBeat).values(last_seen=datetime(2000, 1, 1)))
+            session.execute(
+                update(Step)
+                .where(Step.job_id == job_id)
+                .values(lost_at=utcnow() - timedelta(seconds=silent + 5))
+            )
+        _beat(db, f"busy-{n}@host", silent)  # the step's own worker: not another death
+        _lose(db, job_id, "s0", f"host:{n}:a:busy-{n}@host")
+        sweep(db, settings, lambda *_: None)
+        assert _row(db, job_id).recoveries == n  # alone in its deaths: each one counts
+    with db.session() as session:
+        session.execute(
+            update(Step)
+            .where(Step.job_id == job_id)
+            .values(lost_at=utcnow() - timedelta(seconds=silent + 5))
+        )
+    _beat(db, "idle-1@host", silent)  # an idle worker died since
+    _lose(db, job_id, "s0", "host:9:a:busy-9@host")
+    sweep(db, settings, lambda *_: None)
+    step = _row(db, job_id)
+    assert (step.recoveries, step.losses) == (3, 4)
+    assert job_view(db, job_id)["status"] == "pending"
+    _beat(db, "alive@host", 0)  # a worker beating now is alive: its beat says nothing
+    _lose(db, job_id, "s0", "host:10:a:busy-10@host")
+    sweep(db, settings, lambda *_: None)
+    assert job_view(db, job_id)["status"] == "failed"  # the fourth counted loss: parked
 
 
 # A lost message: a queued step whose message is not on the broker is published again.
