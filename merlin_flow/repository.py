@@ -72,6 +72,8 @@ _TRANSIENT = re.compile(
             r"returned error: 5\d\d",  # HTTP 5xx
             r"kex_exchange_identification|connection closed by",
             r"cannot lock ref|unable to lock|\.lock': file exists",  # a concurrent git here
+            # A pusher killed mid-push (a worker elsewhere): fetch again, it heals or is gone.
+            r"did not send all necessary objects",
         )
     ),
     re.IGNORECASE,

@@ -175,6 +175,32 @@ def test_a_remote_that_does_not_answer_is_retried_then_reported_as_unavailable(
     assert not list((tmp_path / "fresh" / "repos").glob("*.partial"))
 
 
+def test_a_fetch_missing_objects_is_tried_again(
+    tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen 0.1 s after a worker on another machine was killed while it pushed.
+    monkeypatch.setattr(repository, "RETRY_DELAYS", (0.0, 0.0))
+    one = repository_for_input(remote, _machine(tmp_path, "one"))
+    base = one.base_commit()
+    one.start_branch("merlin/j5", base)
+    commit = _commit_on(one, base, "z.txt", "z\n")
+    one.publish(attempt_ref("j5", "s1", 1), commit)
+    two = repository_of(remote, _machine(tmp_path, "two"))
+    once, tries = repository._once, []
+
+    def broken_first(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        tries.append(args[0])
+        if len(tries) == 1:
+            return subprocess.CompletedProcess(
+                args, 128, "", "fatal: remote did not send all necessary objects\n"
+            )
+        return once(args, cwd)
+
+    monkeypatch.setattr(repository, "_once", broken_first)
+    two.have("j5", commit)
+    assert tries == ["fetch", "fetch"]
+
+
 def test_a_remote_that_refuses_is_a_git_error_at_once(
     tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
