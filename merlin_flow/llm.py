@@ -201,18 +201,33 @@ def outgoing(messages: list[dict[str, Any]], tier: Tier) -> list[dict[str, Any]]
     ]
 
 
+MAX_REPLY_CHARS = 2**20
+"""A reply's text is cut here (the agent keeps far less of it in its context)."""
+REPLY_CUT = "\n[merlin: the reply was cut at {} characters]"
+
+
 def _message_dict(message: Any) -> dict[str, Any]:
-    result: dict[str, Any] = {"role": "assistant", "content": message.content}
+    """The reply as an OpenAI message, bounded before anything (the journal) keeps it.
+
+    Text past ``MAX_REPLY_CHARS`` is cut; tool-call arguments past the most a call may
+    carry (``tools.MAX_ARGUMENT_CHARS``) are cut one character beyond it, so the tool
+    refuses them exactly as it would have refused the whole.
+    """
+    from merlin_flow.tools import MAX_ARGUMENT_CHARS
+
+    content = message.content
+    if isinstance(content, str) and len(content) > MAX_REPLY_CHARS:
+        content = content[:MAX_REPLY_CHARS] + REPLY_CUT.format(MAX_REPLY_CHARS)
+    result: dict[str, Any] = {"role": "assistant", "content": content}
     calls = getattr(message, "tool_calls", None) or []
     if calls:
-        result["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.function.name, "arguments": call.function.arguments},
-            }
-            for call in calls
-        ]
+        result["tool_calls"] = []
+        for call in calls:
+            arguments = call.function.arguments
+            if isinstance(arguments, str) and len(arguments) > MAX_ARGUMENT_CHARS:
+                arguments = arguments[: MAX_ARGUMENT_CHARS + 1]
+            function = {"name": call.function.name, "arguments": arguments}
+            result["tool_calls"].append({"id": call.id, "type": "function", "function": function})
     return result
 
 

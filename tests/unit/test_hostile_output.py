@@ -409,3 +409,23 @@ def test_a_long_tool_answer_is_cut_and_a_truncated_read_keeps_its_note(tmp_path:
     assert len(grep) < MAX_KEPT_CHARS + 100
     assert grep.endswith("characters in all]")
     assert "read on with start_line" in read
+
+
+def test_a_huge_reply_is_bounded_before_the_journal_keeps_it() -> None:
+    from types import SimpleNamespace
+
+    from merlin_flow.llm import MAX_REPLY_CHARS, _message_dict
+
+    huge = "x" * (10 * 2**20)
+    call = SimpleNamespace(
+        id="c0", function=SimpleNamespace(name="write_file", arguments="{" + huge + huge)
+    )
+    small = SimpleNamespace(id="c1", function=SimpleNamespace(name="list_files", arguments="{}"))
+    message = _message_dict(SimpleNamespace(content=huge, tool_calls=[call, small]))
+    assert len(message["content"]) < MAX_REPLY_CHARS + 100
+    assert message["content"].endswith(f"cut at {MAX_REPLY_CHARS} characters]")
+    arguments = [c["function"]["arguments"] for c in message["tool_calls"]]
+    assert arguments == [("{" + huge)[: MAX_ARGUMENT_CHARS + 1], "{}"]
+    # ... which the tool refuses as it refuses the whole 20 MB.
+    answer = Toolbox(Path("."), sandbox=NONE).call("write_file", arguments[0])
+    assert answer.startswith("error: arguments of write_file are")
