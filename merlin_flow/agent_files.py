@@ -40,7 +40,7 @@ from merlin_flow.agent_imports import (
 )
 from merlin_flow.errors import AgentFileError
 from merlin_flow.resources import resource_dir
-from merlin_flow.tasklist import YAML_TAG_ERRORS
+from merlin_flow.tasklist import YAML_TAG_ERRORS, load_yaml
 
 __all__ = [
     "AgentCatalog",
@@ -261,7 +261,7 @@ def _front_matter(text: str) -> tuple[dict[Any, Any], str]:
             "description...), then a line `---`, then the prompt"
         )
     try:
-        data = yaml.safe_load(match.group(1))
+        data = load_yaml(match.group(1))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 2}, column {mark.column + 1}" if mark else ""

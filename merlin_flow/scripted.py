@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from merlin_flow.errors import ConfigError
-from merlin_flow.tasklist import YAML_TAG_ERRORS
+from merlin_flow.tasklist import YAML_TAG_ERRORS, load_yaml
 from merlin_flow.tokens import conversation_text, count_tokens
 
 PROVIDER = "scripted"
@@ -139,7 +139,7 @@ def load_script(path: str | Path) -> Script:
 @lru_cache(maxsize=64)
 def _load_script(path: str, _mtime_ns: int) -> Script:
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = load_yaml(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError, *YAML_TAG_ERRORS) as exc:
         raise ConfigError(f"cannot read scripted model file {path}: {exc}") from None
     except RecursionError:

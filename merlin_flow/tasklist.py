@@ -30,6 +30,29 @@ from merlin_flow.errors import TaskListError
 STEP_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 TOO_DEEP = "nested too deeply to be a TaskList (lists or mappings inside each other)"
 YAML_TAG_ERRORS = (AttributeError, LookupError, TypeError, ValueError)
+MAX_FLOW_DEPTH = 200
+"""Flow collections (``[``, ``{``) nested deeper than this are refused before PyYAML reads
+them: it takes time quadratic in the depth to fail (3,000 take seconds)."""
+
+
+def load_yaml(text: str) -> Any:
+    """``yaml.safe_load``, raising RecursionError at once for a text nested too deeply.
+
+    The depth is counted over every bracket, quoted or not: a text can only be refused
+    too early when over 200 of them stand unclosed in its strings.
+    """
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(0, depth - 1)
+    if deepest > MAX_FLOW_DEPTH:
+        raise RecursionError(f"nested {deepest} deep")
+    return yaml.safe_load(text)
+
+
 """What PyYAML's constructors raise, instead of a YAMLError, for a value unfit for its
 explicit tag (``!!int abc``, ``!!int`` with no value, ``!!bool x``, ``!!timestamp 20x``)."""
 
@@ -213,7 +236,7 @@ def load_tasklist(path: str | Path) -> TaskList:
     except (OSError, UnicodeDecodeError) as exc:
         raise TaskListError(f"cannot read TaskList file {path}: {exc}") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except json.JSONDecodeError as exc:
         raise TaskListError(
             f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"

@@ -8,6 +8,7 @@ concrete input below, with the error it must give now.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -261,3 +262,17 @@ def test_agent_file_error_does_not_echo_a_huge_memory_path(tmp_path: Path) -> No
     with pytest.raises(AgentFileError, match="File name too long") as caught:
         parse_agent_file(path, AgentScope.USER, None)
     assert len(str(caught.value)) < 400
+
+
+def test_deep_nesting_is_refused_before_yaml_reads_it(tmp_path: Path) -> None:
+    # PyYAML takes time quadratic in the depth to fail: 3,000 brackets took seconds.
+    from merlin_flow.tasklist import MAX_FLOW_DEPTH, load_yaml
+
+    path = write(tmp_path / "deep.yaml", "title: x\nsteps: " + "[" * 100_000 + "\n")
+    started = time.monotonic()
+    with pytest.raises(TaskListError, match="nested too deeply"):
+        load_tasklist(path)
+    assert time.monotonic() - started < 2
+    at_limit = "[" * MAX_FLOW_DEPTH + "]" * MAX_FLOW_DEPTH
+    assert load_yaml(f"a: {at_limit}")["a"] is not None  # as deep as allowed: read
+    assert load_yaml("a: ']]]] [[[['") == {"a": "]]]] [[[["}  # brackets in strings
