@@ -28,7 +28,7 @@ from merlin_flow.errors import (
     SandboxUnavailable,
     SetupFailed,
 )
-from merlin_flow.git import diff, remove_worktree
+from merlin_flow.git import diff
 from merlin_flow.graph import blocked_reason, dependents, is_complete, is_finished, runnable
 from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values
 from merlin_flow.reports import job_summary
@@ -48,6 +48,7 @@ from merlin_flow.store import (
     StepStatus,
     utcnow,
 )
+from merlin_flow.worktree_cleanup import clear_job
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +339,8 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
         else:
             repository.have(job_id, job.base_commit, job.head_commit)
             patch.write_text(diff(repository.path, job.base_commit, job.head_commit))
-            _remove_leftover_worktrees(repository.path, settings.worktrees_dir / job_id)
+            # What workers killed on this machine left; other machines' sweeps clear theirs.
+            clear_job(settings, job_id, repository.path)
         warnings = session.scalars(
             select(Event.message)
             .where(Event.job_id == job_id, Event.kind == "spec_warning")
@@ -415,14 +417,6 @@ def _close_unfinished_steps(job: Job) -> None:
         step.finished_at = now
         step.lease_owner = step.lease_expires_at = None
         close_open_attempts(step, AttemptStatus.CANCELLED, now)
-
-
-def _remove_leftover_worktrees(repo: Path, folder: Path) -> None:
-    """Remove worktrees that workers killed mid-task left behind."""
-    if folder.is_dir():
-        for leftover in folder.iterdir():
-            remove_worktree(repo, leftover)
-        folder.rmdir()
 
 
 def _patch_source(

@@ -17,6 +17,11 @@ summary in ``$MERLIN_HOME/jobs/<job>``; per repository and cache key, an environ
 - Without ``failed_only``, environments last used more than ``older_than`` ago go too
   (each use touches the marker), unless being built (lock held) or of a repository with
   an open job; one still wanted is built again.
+- Without ``failed_only``, the worktree folders of jobs the store does not know go too,
+  once unchanged for ``older_than`` and at least an hour, and this machine's caches drop
+  the worktrees they register whose folder is gone (``git worktree prune``); never in a
+  user's repository. (Every worker's sweep clears ended jobs' worktrees on its machine
+  anyway: ``merlin_flow.worktree_cleanup``.)
 - Refs only under ``refs/heads/merlin/<job>`` and ``refs/merlin/<job>/`` of jobs the store
   knows; folders only directly under the settings' folders.
 
@@ -31,6 +36,7 @@ from __future__ import annotations
 import fcntl
 import re
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -48,6 +54,16 @@ from merlin_flow.git import git, has_commit, job_branch, remove_worktree, run_gi
 from merlin_flow.repository import JobRepository, cache_path, is_git_url
 from merlin_flow.settings import Settings
 from merlin_flow.store import FINAL_JOB_STATUSES, Database, Job, JobStatus, utcnow
+from merlin_flow.worktree_cleanup import (
+    UNKNOWN_AFTER,
+    caches,
+    drop_stale,
+    leftovers,
+    registered,
+    remove,
+    remove_folder,
+    worktrees_of,
+)
 
 UNSUCCESSFUL = FINAL_JOB_STATUSES - {JobStatus.COMPLETED}
 """The statuses ``--failed`` prunes: jobs that ended without completing."""
@@ -63,6 +79,8 @@ class Kind(StrEnum):
     BRANCH = "branch"
     ATTEMPT_REF = "attempt ref"
     WORKTREE = "worktree"
+    WORKTREE_FOLDER = "worktree folder"
+    REGISTRATION = "worktree registration"
     JOB_FOLDER = "job folder"
     ENV_CACHE = "env cache"
 
@@ -144,7 +162,10 @@ def prune(
     for job in ended:
         pruner.job(job, drop=failed_only)
     if not failed_only:
-        pruner.environments(cutoff.replace(tzinfo=UTC).timestamp(), busy)
+        since = cutoff.replace(tzinfo=UTC).timestamp()
+        pruner.unknown_jobs(db, min(since, time.time() - UNKNOWN_AFTER))
+        pruner.registrations()
+        pruner.environments(since, busy)
     return pruner.report
 
 
@@ -207,11 +228,43 @@ class _Pruner:
         """Remove the job's worktrees: its folder's entries, and those git still lists."""
         folder = self.settings.worktrees_dir / job.id
         mine = {folder / p.name for p in registered if p.parent == folder.resolve()}
+        removed = True
         for path in sorted(mine | (set(folder.iterdir()) if folder.is_dir() else set())):
             removal = Removal(Kind.WORKTREE, str(path), job.id, job.repo)
-            self._do(removal, partial(_delete_worktree, repo, path))
-        if folder.is_dir() and not self.report.dry_run and not any(folder.iterdir()):
-            folder.rmdir()
+            removed &= self._do(removal, partial(_delete_worktree, repo, path))
+        if folder.is_dir() and removed:
+            self._do(
+                Removal(Kind.WORKTREE_FOLDER, str(folder), job.id), partial(remove_folder, folder)
+            )
+
+    def unknown_jobs(self, db: Database, unchanged_since: float) -> None:
+        """Remove the worktree folders of jobs the store does not know, unchanged since then."""
+        for leftover in leftovers(db, self.settings, unchanged_since):
+            if leftover.location is not None:
+                continue  # a job of the store: by the rules above
+            removed = True
+            for path, repo in worktrees_of(leftover):
+                where = str(repo) if repo else None
+                removal = Removal(Kind.WORKTREE, str(path), leftover.job_id, where)
+                removed &= self._do(removal, partial(remove, repo, path))
+            if removed:
+                removal = Removal(Kind.WORKTREE_FOLDER, str(leftover.folder), leftover.job_id)
+                self._do(removal, partial(remove_folder, leftover.folder))
+
+    def registrations(self) -> None:
+        """Drop the worktrees this machine's caches register whose folder is gone."""
+        listed = {removal.target for removal in self.report.removed}
+        for cache in caches(self.settings):
+            try:
+                stale = [p for p in registered(cache, prunable_only=True) if str(p) not in listed]
+                dropped = stale if self.report.dry_run else drop_stale(cache)
+            except GitError as exc:
+                self._skip(str(cache), f"could not list or prune its worktrees: {exc}")
+                continue
+            for path in dropped:
+                self.report.removed.append(Removal(Kind.REGISTRATION, str(path), where=str(cache)))
+            for path in sorted(set(stale) - set(dropped)):
+                self._skip(str(path), f"still registered in {cache}")
 
     def _branch(
         self, job: _JobRow, repository: JobRepository, drop: bool, holders: dict[str, Path]

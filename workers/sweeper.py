@@ -3,6 +3,8 @@
 The same thread writes the worker's beat (``merlin_flow.presence``) before each sweep,
 and reads which step messages the broker holds (``broker_messages``), so that the sweep
 notices a queued step whose message was lost within seconds (``merlin_flow.recovery``).
+Each sweep also removes what this machine's workers left in its ``MERLIN_HOME`` for
+jobs that have ended (``merlin_flow.worktree_cleanup``), whichever machine ended them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from merlin_flow.presence import beat, leave
 from merlin_flow.recovery import Messages, grace, sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
+from merlin_flow.worktree_cleanup import clear_ended
 from workers.canvas import enqueue_job
 from workers.tasks import ALL_QUEUES, STEP_TASK, VERIFY_TASK
 
@@ -117,7 +120,11 @@ def broker_messages(settings: Settings) -> Messages | None:
 
 
 def run_sweep(db: Database, settings: Settings) -> list[str]:
-    """One sweep: re-enqueue lost steps (lost workers, lost messages), purge delivered rows."""
+    """One sweep: re-enqueue lost steps, purge delivered rows, clear ended jobs' worktrees.
+
+    Lost steps are those of lost workers and lost messages; the worktrees are this
+    machine's (``merlin_flow.worktree_cleanup``). A failure of the last is only logged.
+    """
     recovered = sweep(
         db,
         settings,
@@ -127,6 +134,10 @@ def run_sweep(db: Database, settings: Settings) -> list[str]:
     if recovered:
         log.warning("recovery sweep re-enqueued jobs %s", ", ".join(recovered))
     purge_delivered_messages(settings)
+    try:
+        clear_ended(db, settings)
+    except Exception:
+        log.warning("the worktrees of ended jobs could not be looked at", exc_info=True)
     return recovered
 
 

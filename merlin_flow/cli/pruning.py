@@ -38,8 +38,10 @@ def prune(
     Its branch merlin/<job> and its patch are kept, unless the job completed with nothing
     to merge; --failed removes them too. A branch someone moved or has checked out is
     kept. Without --failed, environments last used more than --older-than ago go too,
-    unless one is being built or a job of its repository is running. Running and pending
-    jobs are never touched, and every job stays in the history (`merlin list`).
+    unless one is being built or a job of its repository is running, and so do worktree
+    folders of jobs the store does not know and stale worktrees registered in this
+    machine's caches. Running and pending jobs are never touched, and every job stays in
+    the history (`merlin list`).
     """
 
     def work() -> None:

@@ -211,6 +211,8 @@ def test_dry_run_removes_nothing_and_lists_what_the_real_run_removes(
     ended_job(db, settings, py_repo, tmp_path, JobStatus.COMPLETED)
     ended_job(db, settings, py_repo, tmp_path, JobStatus.COMPLETED, change=False)
     old_environment(settings, "repo", "a" * 16, days_ago=30)
+    unknown_job_folder(py_repo, settings)
+    stale_cache_registration(py_repo, settings)
     state = refs(py_repo), files(settings.home_dir), worktrees(py_repo)
 
     for failed_only in (False, True):
@@ -225,6 +227,52 @@ def test_dry_run_removes_nothing_and_lists_what_the_real_run_removes(
     assert real.removed == dry.removed
     assert {removal.kind for removal in real.removed} == set(Kind)
     assert refs(py_repo) != state[0]
+
+
+def unknown_job_folder(repo: Path, settings: Settings, job_id: str = "0123456789ab") -> Path:
+    """A worktree in the folder of a job the store does not know, unchanged for 30 days."""
+    worktree = add_worktree(repo, settings.worktrees_dir / job_id / "s0-1-dead", "main")
+    then = time.time() - 30 * 86400
+    for path in (worktree.parent, worktree):
+        os.utime(path, (then, then))
+    return worktree
+
+
+def stale_cache_registration(repo: Path, settings: Settings) -> tuple[Path, Path]:
+    """A cache of this machine registering a worktree whose folder is gone; (cache, path)."""
+    cache = settings.home_dir / "repos" / "remote-0123456789ab.git"
+    git(repo, "clone", "-q", "--bare", str(repo), str(cache))
+    gone = settings.worktrees_dir / "fedcba987654" / "s0-1-gone"
+    git(cache, "worktree", "add", "-q", "--detach", str(gone))
+    shutil.rmtree(gone.parent)
+    return cache, gone
+
+
+def test_unknown_jobs_folders_and_stale_cache_registrations_go_but_not_with_failed(
+    db: Database, settings: Settings, py_repo: Path
+) -> None:
+    old = unknown_job_folder(py_repo, settings)
+    recent = add_worktree(py_repo, settings.worktrees_dir / "ba9876543210" / "s0-1", "main")
+    cache, gone = stale_cache_registration(py_repo, settings)
+    users = py_repo.parent / "user-worktree"  # the user's, on a disk not mounted now
+    git(py_repo, "worktree", "add", "-q", "--detach", str(users))
+    shutil.rmtree(users)
+    before = worktrees(py_repo), worktrees(cache)
+
+    assert prune(db, settings, older_than=WEEK, failed_only=True).removed == []
+    assert (worktrees(py_repo), worktrees(cache)) == before
+
+    report = prune(db, settings, older_than=WEEK)
+    assert report.of_kind(Kind.WORKTREE) == [str(old)]
+    assert report.of_kind(Kind.WORKTREE_FOLDER) == [str(old.parent)]
+    assert report.of_kind(Kind.REGISTRATION) == [str(gone)]
+    assert [r.where for r in report.removed] == [str(py_repo), None, str(cache)]
+    assert not old.parent.exists()
+    assert "s0-1-gone" not in worktrees(cache)
+    assert recent.is_dir()  # unknown, but changed within the hour
+    assert str(recent) in worktrees(py_repo)
+    assert str(users) in worktrees(py_repo)
+    assert prune(db, settings, older_than=WEEK).removed == []
 
 
 def test_a_moved_or_checked_out_branch_is_kept_and_said_so(
