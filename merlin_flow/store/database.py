@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import fcntl
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 
@@ -28,6 +29,7 @@ from merlin_flow.redaction import Redactor, current_redactor
 from merlin_flow.resources import resource_dir
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+T = TypeVar("T")
 # Alembic logs every schema check at INFO; worker logs do not need that.
 logging.getLogger("alembic").setLevel(logging.WARNING)
 
@@ -181,7 +183,7 @@ def open_database(url: str) -> Database:
         if db.is_sqlite:
             _upgrade_sqlite_once(db)
         else:
-            current = current_revision(db)
+            current = _patiently(lambda: current_revision(db))
             if current != head_revision():
                 raise StoreError(
                     f"database schema is at {current or 'nothing'}, not at "
@@ -194,6 +196,24 @@ def open_database(url: str) -> Database:
         db.dispose()
         raise
     return db
+
+
+OPEN_RETRY_DELAYS = (0.5, 1.0, 2.0)
+"""Seconds between tries of a server whose connection was cut (a restart, a failover)."""
+
+
+def _patiently(read: Callable[[], T]) -> T:
+    """``read()``, again after each of OPEN_RETRY_DELAYS while its connection is cut."""
+    for delay in (*OPEN_RETRY_DELAYS, None):
+        try:
+            return read()
+        except DBAPIError as exc:
+            cut = exc.connection_invalidated or isinstance(exc, OperationalError)
+            if delay is None or not cut:
+                raise
+            logging.getLogger(__name__).warning("database connection lost; trying again")
+            time.sleep(delay)
+    raise AssertionError("unreachable")
 
 
 def _upgrade_sqlite_once(db: Database) -> None:

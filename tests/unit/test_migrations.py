@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
+from merlin_flow.errors import StoreError
 from merlin_flow.store import Base, Database, open_database, upgrade
 from merlin_flow.store.database import alembic_config, current_revision, head_revision, table_names
 
@@ -81,3 +83,41 @@ def test_server_database_must_be_upgraded_explicitly(postgres_url: str) -> None:
     upgrade(db)
     db.dispose()
     open_database(postgres_url).dispose()
+
+
+def test_a_server_whose_connection_is_cut_is_opened_on_a_later_try(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server closes the connection (a restart, a failover) just as `merlin submit`
+    # opens the database: the first read fails, a later one succeeds. A refusal that is
+    # not a lost connection is not tried again.
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from merlin_flow.store import database
+
+    db = Database(postgres_url)
+    upgrade(db)
+    db.dispose()
+    monkeypatch.setattr(database, "OPEN_RETRY_DELAYS", (0.0, 0.0, 0.0))
+    real, tries = database.current_revision, []
+    lost = Exception("server closed the connection unexpectedly")
+
+    def cut_first(opened: Database) -> str | None:
+        tries.append(1)
+        if len(tries) == 1:
+            raise OperationalError("SELECT version_num", {}, lost)
+        return real(opened)
+
+    monkeypatch.setattr(database, "current_revision", cut_first)
+    open_database(postgres_url).dispose()
+    assert len(tries) == 2
+
+    def refused(opened: Database) -> str | None:
+        tries.append(1)
+        raise ProgrammingError("SELECT version_num", {}, Exception("permission denied"))
+
+    tries.clear()
+    monkeypatch.setattr(database, "current_revision", refused)
+    with pytest.raises(StoreError, match="permission denied"):
+        open_database(postgres_url)
+    assert len(tries) == 1
