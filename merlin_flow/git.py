@@ -147,8 +147,9 @@ def add_worktree(repo: Path, path: Path, commit: str) -> Path:
 def remove_worktree(repo: Path, path: Path) -> None:
     """Remove a worktree and its administrative files, if present."""
     # Only this worktree's own metadata is removed: a global `git worktree prune` would
-    # also drop the metadata of the user's own worktrees on an unmounted disk.
-    git("worktree", "remove", "--force", str(path), cwd=repo, check=False)
+    # also drop the metadata of the user's own worktrees on an unmounted disk. Forced
+    # twice: a worker killed inside `git worktree add` leaves it locked "initializing".
+    git("worktree", "remove", "--force", "--force", str(path), cwd=repo, check=False)
     shutil.rmtree(path, ignore_errors=True)
 
 

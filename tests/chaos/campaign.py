@@ -2,18 +2,30 @@
 
 One ``Campaign`` runs on one backend (``sqlite``: the embedded store and broker in a
 temporary ``MERLIN_HOME``; ``redis``: a Redis server of its own and a fresh Postgres
-database). It starts ``workers`` real ``merlin worker --concurrency 1`` processes, each
-in its own process group, submits ``jobs`` jobs with ``merlin submit --json`` (each on a
-repository of its own, ``steps`` chained steps whose scripted model waits a little at
-each turn and calls tools), and meanwhile:
+database). It starts real ``merlin worker --concurrency 2`` processes (``concurrency``),
+each in its own process group, submits ``jobs`` jobs with ``merlin submit --json`` (each
+on a repository of its own, ``steps`` chained steps whose scripted model waits a little
+at each turn, runs a command of ``command`` seconds and writes a file; the exit command
+takes half as long), and meanwhile:
 
 - every ``kill_every`` seconds (uniform between the two bounds) SIGKILLs the whole
-  process group of a random worker (``os.killpg``) and starts a replacement;
+  process group of a random worker (``os.killpg``) and starts a replacement; just
+  before, it notes the commands the victim runs and the steps the kill may stall
+  (``tests.chaos.watch``), then checks that those commands are gone a few seconds later
+  and times how long each step sits until its lease moves;
 - on ``redis``, every few kills, cuts every Postgres session of the campaign's database
   and every Redis client connection (an outage).
 
-It stops by itself: when every job has finished, or after ``max_minutes``. Then it stops
-the workers, and the checks of ``tests.chaos.invariants`` read the database and git.
+With ``machines`` (Redis + Postgres only), it simulates that many machines: each has its
+own ``MERLIN_HOME`` and working directory and runs an ``llm,control`` worker and a
+``verify`` worker; they share Redis, Postgres and the jobs' git URLs (a bare repository
+per job, ``file://``), and each submits its share of the jobs. A kill picks a random
+machine, then one of its workers, and restarts it there.
+
+It stops by itself: when every job has finished, or after ``max_minutes``. Then it gives
+the workers a few sweep intervals to remove what is left of worktrees, stops them,
+counts the commands left, and the checks of ``tests.chaos.invariants`` read the
+database and git.
 """
 
 from __future__ import annotations
@@ -33,8 +45,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.chaos.watch import (
+    ORPHAN_SECONDS,
+    POLL_MARGIN,
+    Broker,
+    IdleWatch,
+    Key,
+    Stall,
+    alive,
+    campaign_commands,
+    command_processes,
+    describe,
+    held_steps,
+    taken,
+)
+
 LEASE_SECONDS = 4.0
-"""The jobs' lease: a killed worker's step is taken over this long after its last beat."""
+"""The jobs' lease (``--lease``): a killed worker's step is taken over this long after its
+last beat."""
+SWEEP_SECONDS = 1.0
+"""Seconds between each worker's recovery sweeps (``--sweep``, ``MERLIN_SWEEP_INTERVAL``)."""
+CLEANUP_SWEEPS = 3
+"""Sweep intervals (plus ``POLL_MARGIN``) the workers get to remove worktrees at the end."""
 
 CONFIG = """\
 [[tiers]]
@@ -48,12 +80,15 @@ lease_seconds = LEASE
 exit_command_timeout = 60
 """
 
+NO_SANDBOX = '\n[sandbox]\nmode = "none"\n'
 
 POISON_COMMAND = (
     "p=$$; while [ $p -gt 1 ]; do p=$(cut -d' ' -f4 /proc/$p/stat); "
-    "if grep -q merlin_flow /proc/$p/cmdline; then kill -9 $p; exit; fi; done"
+    "if grep -q merlin_flow /proc/$p/cmdline && ! grep -q command_guard /proc/$p/cmdline; "
+    "then kill -9 $p; exit; fi; done"
 )
-"""Kill the nearest merlin ancestor: the pool process that runs the step (not its worker)."""
+"""Kill the nearest merlin ancestor but the command's guard (``merlin_flow.command_guard``):
+the pool process that runs the step (not its worker)."""
 
 POISON_TASKLIST = {
     "title": "poison",
@@ -69,8 +104,14 @@ def step_key(n: int) -> str:
     return f"s{n}"
 
 
-def tasklist(steps: int) -> dict[str, Any]:
-    """``steps`` chained steps, each writing its own file, checked by its exit command."""
+def tasklist(steps: int, command: float = 0.0) -> dict[str, Any]:
+    """``steps`` chained steps, each writing its own file, checked by an exit command of
+    ``command / 2`` seconds (exit commands run without a shell: ``sh -c``)."""
+
+    def check(n: int) -> str:
+        grep = f"grep -q S{n} {step_key(n)}.txt"
+        return f"sh -c 'sleep {command / 2:g}; {grep}'" if command else grep
+
     return {
         "title": "chaos",
         "steps": [
@@ -78,19 +119,21 @@ def tasklist(steps: int) -> dict[str, Any]:
                 "id": step_key(n),
                 "step_type": "Feature",
                 "description": f"write {step_key(n)}.txt",
-                "exit_command": f"grep -q S{n} {step_key(n)}.txt",
+                "exit_command": check(n),
             }
             for n in range(1, steps + 1)
         ],
     }
 
 
-def script(steps: int, delay: float) -> dict[str, Any]:
-    """The scripted model: per step, a command, then the file, then done; ``delay`` per turn."""
+def script(steps: int, delay: float, command: float = 0.0) -> dict[str, Any]:
+    """The scripted model: per step, a command of ``command`` seconds, then the file, then
+    done; ``delay`` per turn."""
     rules: list[dict[str, Any]] = []
+    wait = f"sleep {command:g}; " if command else ""
     for n in range(1, steps + 1):
         key, match = step_key(n), rf"Step {step_key(n)} \("
-        run = {"name": "run_command", "arguments": {"command": f"echo working on {key}"}}
+        run = {"name": "run_command", "arguments": {"command": f"{wait}echo working on {key}"}}
         write = {"name": "write_file", "arguments": {"path": f"{key}.txt", "content": f"S{n}\n"}}
         rules += [
             {"match": match, "turn": 0, "reply": {"delay": delay, "tool_calls": [run]}},
@@ -144,6 +187,27 @@ def backend(name: str, work: Path) -> Iterator[Backend]:
 
 
 @dataclass
+class Machine:
+    """A simulated machine: its own ``MERLIN_HOME`` and working directory, and its workers."""
+
+    name: str
+    home: Path
+    cwd: Path
+    env: dict[str, str]
+    roles: tuple[str, ...]
+    """The queues of each of its workers ("": every queue)."""
+
+
+@dataclass
+class Worker:
+    """A `merlin worker` process the campaign started."""
+
+    process: subprocess.Popen[bytes]
+    machine: Machine
+    queues: str
+
+
+@dataclass
 class Tally:
     """What the driver did, with when: the report's first figures."""
 
@@ -157,42 +221,84 @@ class Tally:
     submit_failures: list[str] = field(default_factory=list)
     submit_retries: int = 0
     """Submits whose database connection an outage cut before they wrote anything."""
+    commands_at_kills: int = 0
+    """Processes of commands the victims were running when they were killed."""
+    orphans: list[str] = field(default_factory=list)
+    """Commands alive ``ORPHAN_SECONDS`` after their worker was killed (a line each)."""
+    orphans_at_end: list[str] = field(default_factory=list)
+    """Commands of the campaign's workers still alive once every worker was stopped."""
+    snapshot_failures: int = 0
+    """Kills before which the database or broker could not be read (an outage)."""
+    cleanup_seconds: float = 0.0
+    """How long the last worktrees took to go after the last job finished."""
 
 
 class Campaign:
     """One campaign on one backend: workers, jobs, the killer; see the module docstring."""
 
     def __init__(self, work: Path, args: Any, target: Backend) -> None:
+        from merlin_flow.settings import Settings
         from tests.e2e.helpers import merlin_env
 
         self.work, self.args, self.backend = work, args, target
-        self.home = work / "home"
-        self.env = merlin_env(self.home, MERLIN_SWEEP_INTERVAL="1", **target.env)
+        if args.machines and target.redis_url is None:
+            raise ValueError("--machines needs the redis backend (machines share Postgres)")
+        sweep = {"MERLIN_SWEEP_INTERVAL": f"{args.sweep:g}", **target.env}
+        if args.machines:
+            places = [(f"m{i}", work / f"m{i}") for i in range(args.machines)]
+            roles: tuple[str, ...] = ("llm,control", "verify")
+        else:
+            places, roles = [("local", work)], ("",) * args.workers
+        self.machines = [
+            Machine(name, cwd / "home", cwd, merlin_env(cwd / "home", **sweep), roles)
+            for name, cwd in places
+        ]
+        self.home = self.machines[0].home
+        self.env = self.machines[0].env
         self.random = random.Random(args.seed)
-        self.workers: list[subprocess.Popen[bytes]] = []
+        self.workers: list[Worker] = []
         self.started_workers = 0
         self.tally = Tally()
+        self.idle = IdleWatch()
+        self.broker = Broker(
+            target.redis_url, None if target.redis_url else self.home / "broker.db"
+        )
+        self.handoff = float(
+            self.env.get("MERLIN_HANDOFF_SECONDS", Settings.model_fields["handoff_seconds"].default)
+        )
+        self._orphan_checks: list[tuple[float, int, set[Key]]] = []
+        self._stopped = False
         self.job_ids: list[str] = []
         self.repos: dict[str, Path] = {}
         self._lock = threading.Lock()
         files = work / "job"
         files.mkdir(parents=True)
-        (files / "local.yaml").write_text(json.dumps(script(args.steps, args.delay)))
+        (files / "local.yaml").write_text(json.dumps(script(args.steps, args.delay, args.command)))
         self.config = files / "merlin.toml"
         self.config.write_text(
-            CONFIG.replace("SCRIPT", str(files / "local.yaml")).replace(
-                "LEASE", f"{LEASE_SECONDS:g}"
-            )
+            CONFIG.replace("SCRIPT", str(files / "local.yaml")).replace("LEASE", f"{args.lease:g}")
+            + (NO_SANDBOX if args.sandbox == "none" else "")
         )
         self.tasklist = files / "tasklist.json"
-        self.tasklist.write_text(json.dumps(tasklist(args.steps)))
+        self.tasklist.write_text(json.dumps(tasklist(args.steps, args.command)))
         # The poison step's command must reach its worker: no sandbox for it.
         self.poison_config = files / "poison.toml"
-        self.poison_config.write_text(self.config.read_text() + '\n[sandbox]\nmode = "none"\n')
+        poison = self.config.read_text()
+        self.poison_config.write_text(poison if args.sandbox == "none" else poison + NO_SANDBOX)
         self.poison_tasklist = files / "poison.json"
         self.poison_tasklist.write_text(json.dumps(POISON_TASKLIST))
         self.poisoned: set[str] = set()
         self._db: Any = None
+
+    @property
+    def homes(self) -> list[Path]:
+        """Every machine's ``MERLIN_HOME``."""
+        return [machine.home for machine in self.machines]
+
+    @property
+    def idle_bound(self) -> float:
+        """The longest a step may sit after a kill: a lease, a sweep, and a margin."""
+        return float(self.args.lease + self.args.sweep + POLL_MARGIN)
 
     @property
     def db(self) -> Any:
@@ -207,29 +313,45 @@ class Campaign:
         """The log of the ``n``-th worker started."""
         return self.work / "logs" / f"worker{n}.log"
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        """Start one more `merlin worker` (every queue, concurrency 1, its own group)."""
+    def start_worker(self, machine: Machine, queues: str) -> Worker:
+        """Start one more `merlin worker` on ``machine`` (its own process group)."""
         from tests.e2e.helpers import start_worker
 
         self.log(0).parent.mkdir(exist_ok=True)
-        worker = start_worker(self.env, self.log(self.started_workers))
+        machine.cwd.mkdir(parents=True, exist_ok=True)
+        options = ["--concurrency", str(self.args.concurrency)]  # the last one counts
+        if queues:
+            options += ["--queues", queues]
+        log = self.log(self.started_workers)
+        if len(self.machines) > 1:
+            log = log.with_name(f"{machine.name}-{queues.replace(',', '-')}-{log.name}")
+        process = start_worker(machine.env, log, *options, cwd=machine.cwd)
         self.started_workers += 1
+        worker = Worker(process, machine, queues)
         self.workers.append(worker)
         return worker
 
     def submit(self, n: int) -> None:
-        """Make job ``n``'s repository and submit the job."""
-        from tests.conftest import make_repo
-        from tests.e2e.helpers import merlin
+        """Make job ``n``'s repository (and, with machines, its remote) and submit the job."""
+        from tests.conftest import git, make_repo
+        from tests.e2e.helpers import MERLIN
 
         repo = make_repo(self.work / "repos" / f"r{n}", {"README.md": f"chaos {n}\n"})
+        location, machine = str(repo), self.machines[n % len(self.machines)]
+        if self.args.machines:
+            repo = self.work / "remotes" / f"r{n}.git"
+            git(self.work, "clone", "-q", "--bare", location, str(repo))
+            location = f"file://{repo}"
         poison = n < self.args.poison
         files = (
             (self.poison_tasklist, self.poison_config) if poison else (self.tasklist, self.config)
         )
-        command = ["submit", str(files[0]), "--repo", str(repo), "--config", str(files[1])]
+        command = [*MERLIN, "submit", str(files[0]), "--repo", location, "--config", str(files[1])]
         for _ in range(3):  # a submit cut off by an outage before it wrote anything: again
-            result = merlin(self.env, *command, "--json", timeout=300)
+            result = subprocess.run(
+                [*command, "--json"], env=machine.env, cwd=machine.cwd, capture_output=True,
+                text=True, timeout=300, check=False,
+            )  # fmt: skip
             if result.returncode == 0 or "cannot use the database" not in result.stderr:
                 break
             with self._lock:
@@ -253,42 +375,52 @@ class Campaign:
 
         with self.db.reader() as session:
             done = session.scalar(select(func.count()).where(Job.finished_at.is_not(None)))
-        return self.args.jobs - int(done or 0)
-
-    def running_pids(self) -> set[int]:
-        """Process group ids of workers now running a step (their lease token's pid's group)."""
-        from sqlalchemy import select
-
-        from merlin_flow.leases import QUEUED
-        from merlin_flow.store import Step
-
-        with self.db.reader() as session:
-            owners = session.scalars(
-                select(Step.lease_owner).where(Step.lease_owner.is_not(None))
-            ).all()
-        groups = set()
-        for owner in owners:
-            if owner == QUEUED:
-                continue
-            with contextlib.suppress(ValueError, OSError):
-                groups.add(os.getpgid(int(owner.split(":")[1])))
-        return groups
+        return int(self.args.jobs) - int(done or 0)
 
     def kill_one(self) -> None:
-        """SIGKILL a random live worker's process group and start a replacement."""
+        """SIGKILL a random live worker's process group and start a replacement.
+
+        Just before, note the commands it runs and the steps the kill may stall; the
+        driver's loop then checks the first are gone and times the second.
+        """
         from tests.e2e.helpers import kill_worker
 
-        live = [w for w in self.workers if w.poll() is None]
+        live = [w for w in self.workers if w.process.poll() is None]
         if not live:
             return
-        victim = self.random.choice(live)
-        with contextlib.suppress(Exception):
-            if victim.pid not in self.running_pids():
-                self.tally.idle_kills += 1
-        kill_worker(victim)
+        machine = self.random.choice(sorted({w.machine.name for w in live}))
+        victim = self.random.choice([w for w in live if w.machine.name == machine])
+        group = victim.process.pid
+        commands = command_processes(group)
+        watched = True
+        try:
+            held, queued = held_steps(self.db, group, self.broker, self.handoff)
+        except Exception:  # an outage cut our own session: the kill goes on unwatched
+            held, queued, watched = [], [], False
+            self.tally.snapshot_failures += 1
+        kill_worker(victim.process)
+        at = time.monotonic()
+        held += taken(queued, self.broker)  # taken off their queue just before the kill
+        number = len(self.tally.kills)
         self.tally.kills.append(time.time())
+        if watched and not any(not h.delivered for h in held):
+            self.tally.idle_kills += 1
+        self.tally.commands_at_kills += len(commands)
+        self.idle.add(Stall(number, at, held))
+        self._orphan_checks.append((at + ORPHAN_SECONDS, number, commands))
         self.workers.remove(victim)
-        self.start_worker()
+        self.start_worker(victim.machine, victim.queues)
+
+    def check_orphans(self, wait: bool = False) -> None:
+        """Count the commands of each kill still alive ``ORPHAN_SECONDS`` after it (``wait``:
+        every kill's, waiting for the last ones' time to come)."""
+        due = [c for c in self._orphan_checks if wait or c[0] <= time.monotonic()]
+        for check in due:
+            at, number, commands = check
+            time.sleep(max(0.0, at - time.monotonic()))
+            for line in describe(alive(commands)):
+                self.tally.orphans.append(f"kill {number}: {line}")
+            self._orphan_checks.remove(check)
 
     def outage(self) -> None:
         """Cut every Postgres session of our database and every Redis client connection."""
@@ -305,16 +437,22 @@ class Campaign:
         """Start the workers, submit the jobs and cause chaos until all finished; seconds taken."""
         begun = time.monotonic()
         deadline = begun + 60 * self.args.max_minutes
-        for _ in range(self.args.workers):
-            self.start_worker()
+        for machine in self.machines:
+            for queues in machine.roles:
+                self.start_worker(machine, queues)
         submitter = ThreadPoolExecutor(max_workers=2)
         futures = [submitter.submit(self.submit, n) for n in range(self.args.jobs)]
         low, high = self.args.kill_every
         next_kill = time.monotonic() + self.random.uniform(low, high)
+        finished = False
         try:
             while time.monotonic() < deadline:
-                time.sleep(0.5)
+                time.sleep(0.25)
+                with contextlib.suppress(Exception):  # an outage cut our session: next time
+                    self.idle.poll(self.db)
+                self.check_orphans()
                 if all(f.done() for f in futures) and self.unfinished_submitted() == 0:
+                    finished = True
                     break
                 kills = len(self.tally.kills)
                 if time.monotonic() >= next_kill and kills < self.args.max_kills:
@@ -327,7 +465,22 @@ class Campaign:
             for future in futures:
                 with contextlib.suppress(Exception):
                     future.result()
+        if finished:
+            self.await_cleanup()
+        with contextlib.suppress(Exception):
+            self.idle.poll(self.db)
+        self.idle.close()
         return time.monotonic() - begun
+
+    def await_cleanup(self) -> None:
+        """Give the workers a few sweep intervals to remove every worktree of ended jobs."""
+        from tests.chaos.invariants import worktrees_left
+
+        begun = time.monotonic()
+        deadline = begun + CLEANUP_SWEEPS * self.args.sweep + POLL_MARGIN
+        while worktrees_left(self.homes, self.repos) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        self.tally.cleanup_seconds = time.monotonic() - begun
 
     def unfinished_submitted(self) -> int:
         """Submitted jobs not finished yet, and jobs not submitted at all."""
@@ -336,18 +489,24 @@ class Campaign:
         return self.unfinished() - failed
 
     def stop(self) -> None:
-        """Stop every worker (warm shutdown, then the whole group) and close the database."""
+        """Stop every worker (warm shutdown, then the whole group), count the commands they
+        left (once), and close the database."""
         from tests.e2e.helpers import kill_worker, stop_worker
 
+        if not self._stopped:
+            self.check_orphans(wait=True)  # before the stop: the last kills' commands
         for worker in self.workers:
             with contextlib.suppress(ProcessLookupError):
-                if worker.poll() is None:
-                    os.kill(worker.pid, signal.SIGTERM)
+                if worker.process.poll() is None:
+                    os.kill(worker.process.pid, signal.SIGTERM)
         for worker in self.workers:
             try:
-                stop_worker(worker)
+                stop_worker(worker.process)
             finally:
-                kill_worker(worker)
+                kill_worker(worker.process)
+        if not self._stopped:
+            self._stopped = True
+            self.tally.orphans_at_end = describe(alive(campaign_commands(self.work)))
         if self._db is not None:
             self._db.dispose()
             self._db = None

@@ -2,14 +2,18 @@
 
 - every job completed, but the poison jobs (``--poison``): each of those failed, its step
   parked as poison after ``max_recoveries`` counted losses;
-- every step has exactly one passing attempt;
+- a completed job's steps are all ``Completed`` and its attempts all ``passed``; every
+  step has exactly one passing attempt;
 - no step had two attempts, or two runs of one attempt, at once: attempt rows' spans do
   not overlap, and no model call of an earlier run comes after the first call of a
   later run of the same attempt;
 - no model call was paid twice: one paid call per attempt and turn (journal);
-- the job branch holds one commit per step;
-- nothing left behind: no worktree folder or registered worktree, no process of the
-  campaign's ``MERLIN_HOME`` (worker, sandbox, command) once the workers are stopped;
+- the job branch holds one commit per step, and its head is the job's head commit (on
+  the job's repository, or its remote for a job on a git URL);
+- nothing left behind: no worktree folder (under every machine's ``MERLIN_HOME``), no
+  worktree registered in the job's repository or in any machine's cache of its remote,
+  no process of the campaign's ``MERLIN_HOME`` (worker, sandbox, command) once the
+  workers are stopped;
 - no step waited for a lost message longer than a lease (re-published because its
   hand-off lease expired, rather than noticed by the sweep).
 """
@@ -20,7 +24,7 @@ import itertools
 import os
 import subprocess
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -48,20 +52,26 @@ class Findings:
     replayed_calls: int = 0
     max_idle: float = 0.0
     """The longest time a job went without an event while unfinished (seconds)."""
+    worktrees_left: int = 0
+    """Worktree folders and registered worktrees left once the jobs ended."""
     violations: list[str] = field(default_factory=list)
 
 
 def check(
     db: Any,
     job_ids: list[str],
-    repos: dict[str, Path],
-    home: Path,
+    repos: Mapping[str, Path],
+    homes: Path | Sequence[Path],
     poisoned: Collection[str] = (),
 ) -> Findings:
-    """Check every invariant of the module docstring over the campaign's jobs."""
+    """Check every invariant of the module docstring over the campaign's jobs.
+
+    ``repos`` holds each job's repository (its remote, for a job on a git URL);
+    ``homes`` every machine's ``MERLIN_HOME``.
+    """
     from sqlalchemy import select
 
-    from merlin_flow.store import AttemptStatus, Event, Job, LlmCall
+    from merlin_flow.store import AttemptStatus, Event, Job, JobStatus, LlmCall, StepStatus
 
     found = Findings(jobs=len(job_ids))
     with db.reader() as session:
@@ -71,7 +81,8 @@ def check(
             if job_id in poisoned:
                 _check_poison(found, job)
                 continue
-            if job.status == "completed" and job.finished_at is not None:
+            completed = job.status == JobStatus.COMPLETED and job.finished_at is not None
+            if completed:
                 found.completed += 1
             else:
                 found.violations.append(f"{job_id}: ended {job.status}: {job.error}")
@@ -81,6 +92,11 @@ def check(
                 passed = [a for a in step.attempts if a.status == AttemptStatus.PASSED]
                 if len(passed) != 1:
                     found.violations.append(f"{job_id}/{step.key}: {len(passed)} passing attempts")
+                if completed and step.status != StepStatus.COMPLETED:
+                    found.violations.append(f"{job_id}/{step.key}: step {step.status}")
+                if completed and len(passed) != len(step.attempts):
+                    others = sorted(a.status for a in step.attempts if a not in passed)
+                    found.violations.append(f"{job_id}/{step.key}: attempts {', '.join(others)}")
                 spans = sorted((a.started_at, a.finished_at or datetime.max) for a in step.attempts)
                 for (_, end), (start, _) in itertools.pairwise(spans):
                     if start < end:
@@ -101,8 +117,14 @@ def check(
             times = [e.created_at for e in events]
             for before, after in itertools.pairwise(times):
                 found.max_idle = max(found.max_idle, (after - before).total_seconds())
-            _check_git(found, job_id, repos.get(job_id), len(job.steps))
-    _check_leftovers(found, home)
+            _check_git(found, job, repos.get(job_id))
+    homes = [homes] if isinstance(homes, Path) else list(homes)
+    left = worktrees_left(homes, repos)
+    found.worktrees_left = len(left)
+    found.violations += left
+    for home in homes:
+        for pid in leftover_processes(home):
+            found.violations.append(f"process left: {pid} {_cmdline(pid)}")
     return found
 
 
@@ -145,28 +167,41 @@ def _check_calls(found: Findings, job_id: str, calls: Any) -> None:
                 )
 
 
-def _check_git(found: Findings, job_id: str, repo: Path | None, steps: int) -> None:
-    """One commit per step on the job branch; no worktree registered but the checkout."""
+def _check_git(found: Findings, job: Any, repo: Path | None) -> None:
+    """One commit per step on the job branch, and its head the job's head commit."""
     if repo is None:
-        found.violations.append(f"{job_id}: repository unknown")
+        found.violations.append(f"{job.id}: repository unknown")
         return
-    commits = _git(repo, "rev-list", f"main..merlin/{job_id}").split()
+    steps = len(job.steps)
+    commits = _git(repo, "rev-list", f"main..{job.branch}").split()
     if len(commits) != steps:
-        found.violations.append(f"{job_id}: {len(commits)} commits on its branch for {steps} steps")
-    listed = _git(repo, "worktree", "list", "--porcelain").split("\n\n")
-    for left in [entry for entry in listed if entry.strip()][1:]:
-        found.violations.append(f"{job_id}: worktree left registered: {' '.join(left.split())}")
+        found.violations.append(f"{job.id}: {len(commits)} commits on its branch for {steps} steps")
+    head = _git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{job.branch}").strip()
+    if job.status == "completed" and head != job.head_commit:
+        found.violations.append(
+            f"{job.id}: branch {job.branch} at {head or 'nothing'}, job head {job.head_commit}"
+        )
 
 
-def _check_leftovers(found: Findings, home: Path) -> None:
-    """No worktree folder left; no process that belongs to the campaign's MERLIN_HOME."""
-    worktrees = home / "worktrees"
-    if worktrees.is_dir():
-        for folder in sorted(worktrees.iterdir()):
-            if any(folder.iterdir()) if folder.is_dir() else True:
-                found.violations.append(f"worktree folder left: {folder}")
-    for pid in leftover_processes(home):
-        found.violations.append(f"process left: {pid} {_cmdline(pid)}")
+def worktrees_left(homes: Iterable[Path], repos: Mapping[str, Path]) -> list[str]:
+    """A line for each worktree left: a folder under a ``MERLIN_HOME``'s ``worktrees/<job>``,
+    or one registered in a job's repository or in a machine's cache of a remote."""
+    found = []
+    places = {str(repo): job_id for job_id, repo in repos.items()}
+    for home in homes:
+        worktrees = home / "worktrees"
+        if worktrees.is_dir():
+            for folder in sorted(worktrees.iterdir()):
+                if any(folder.iterdir()) if folder.is_dir() else True:
+                    found.append(f"worktree folder left: {folder}")
+        caches = home / "repos"
+        if caches.is_dir():
+            places.update((str(cache), f"cache {cache}") for cache in sorted(caches.glob("*.git")))
+    for place, whose in places.items():
+        listed = _git(Path(place), "worktree", "list", "--porcelain").split("\n\n")
+        for left in [entry for entry in listed if entry.strip()][1:]:
+            found.append(f"{whose}: worktree left registered: {' '.join(left.split())}")
+    return found
 
 
 def leftover_processes(home: Path) -> list[int]:

@@ -1,8 +1,10 @@
 """A small chaos campaign (``python -m tests.chaos``) in CI: real workers killed at random.
 
-Six jobs of two steps on two `merlin worker` processes, on the embedded SQLite store and
-broker, while three workers in turn are SIGKILLed (their whole process group) and
-replaced; then every invariant of ``tests.chaos.invariants`` holds.
+Six jobs of two steps on two `merlin worker --concurrency 2` processes, on the embedded
+SQLite store and broker, while three workers in turn are SIGKILLed (their whole process
+group) and replaced; then every invariant of ``tests.chaos.invariants`` holds, no
+command outlived its worker, no worktree is left, and no step a kill stalled sat longer
+than a lease plus a sweep interval (and a margin) before its lease moved.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.__main__ import parse
+from tests.chaos.__main__ import measure, parse
 from tests.chaos.campaign import Campaign, backend
 from tests.chaos.invariants import check
 
@@ -29,12 +31,17 @@ def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
             seconds = campaign.run()
         finally:
             campaign.stop()
-        found = check(campaign.db, campaign.job_ids, campaign.repos, campaign.home)
+        found = check(campaign.db, campaign.job_ids, campaign.repos, campaign.homes)
+        result = measure(campaign, found, seconds)
         campaign.stop()
     assert len(campaign.tally.kills) == 3
     assert campaign.tally.submit_failures == []
     assert found.violations == [], campaign.log_tail()
     assert (found.jobs, found.completed) == (6, 6)
+    assert found.worktrees_left == 0
+    assert (campaign.tally.orphans, campaign.tally.orphans_at_end) == ([], [])
+    assert result.over == [], (result.idle_step, result.unswept)
+    assert result.idle <= result.bound
     assert seconds < 90
 
 
@@ -51,7 +58,7 @@ def test_a_poison_step_is_parked_and_the_other_jobs_complete(tmp_path: Path) -> 
         finally:
             campaign.stop()
         found = check(
-            campaign.db, campaign.job_ids, campaign.repos, campaign.home, campaign.poisoned
+            campaign.db, campaign.job_ids, campaign.repos, campaign.homes, campaign.poisoned
         )
         campaign.stop()
     assert found.violations == [], campaign.log_tail()

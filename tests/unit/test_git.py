@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -348,3 +349,14 @@ def test_diff_and_commits_between(py_repo: Path, tmp_path: Path) -> None:
     assert "+TWO = 2" in patch
     assert patch.endswith("\n")
     assert changed_files(py_repo, first, second) == ["two.py"]
+
+
+def test_a_worktree_left_locked_by_a_killed_git_is_removed(py_repo: Path, tmp_path: Path) -> None:
+    # A worker killed inside `git worktree add` leaves the worktree locked "initializing",
+    # often with its folder gone: a single --force and `git worktree prune` both keep it.
+    path = tmp_path / "worktrees" / "job" / "s1-1"
+    git(py_repo, "worktree", "add", "-q", "--detach", str(path))
+    git(py_repo, "worktree", "lock", "--reason", "initializing", str(path))
+    shutil.rmtree(path)
+    remove_worktree(py_repo, path)
+    assert str(path) not in git(py_repo, "worktree", "list")
