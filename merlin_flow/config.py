@@ -132,7 +132,8 @@ class Limits(BaseModel):
     tool_command_timeout: float = Field(default=120.0, gt=0)
     """Upper bound, in seconds, on one `run_command` tool call."""
     max_recoveries: int = Field(default=3, ge=0)
-    """Times a step may be recovered from a lost worker before it fails as 'worker lost'."""
+    """Counted losses of a step's worker before it is parked as a poison step (a loss
+    counts only when no other worker was lost since the step's previous one)."""
     expected_completion_tokens: int = Field(default=500, ge=0)
     """Completion tokens a job's first call is assumed to cost, for budget checks."""
     lease_seconds: float = Field(default=60.0, gt=0)
