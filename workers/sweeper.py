@@ -141,8 +141,15 @@ def run_sweep(db: Database, settings: Settings) -> list[str]:
     return recovered
 
 
+RETRY_SECONDS = 0.5
+"""After a failed sweep (an outage cut its connection), the next one starts this soon."""
+
+
 class Sweeper(threading.Thread):
-    """Beats for worker ``name`` and runs ``run_sweep``, now and every ``sweep_interval`` s."""
+    """Beats for worker ``name`` and runs ``run_sweep``, now and every ``sweep_interval`` s.
+
+    After a sweep that failed, the next starts ``RETRY_SECONDS`` later.
+    """
 
     def __init__(self, db: Database, settings: Settings, name: str, queues: list[str]) -> None:
         """Prepare the thread for the worker ``name`` consuming ``queues``; ``start()`` runs it."""
@@ -156,12 +163,14 @@ class Sweeper(threading.Thread):
     def run(self) -> None:
         """Beat and sweep until stopped; a failure is logged and retried next interval."""
         while True:
+            interval = self._settings.sweep_interval
             try:
                 beat(self._db, self._worker, self._queues)
                 run_sweep(self._db, self._settings)
-            except Exception:
+            except Exception:  # a connection cut mid-sweep, mostly: try again soon
                 log.exception("recovery sweep failed")
-            if self._stop_event.wait(self._settings.sweep_interval):
+                interval = min(interval, RETRY_SECONDS)
+            if self._stop_event.wait(interval):
                 break
         try:
             leave(self._db, self._worker)

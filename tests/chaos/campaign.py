@@ -449,7 +449,7 @@ class Campaign:
             while time.monotonic() < deadline:
                 time.sleep(0.25)
                 with contextlib.suppress(Exception):  # an outage cut our session: next time
-                    self.idle.poll(self.db)
+                    self.idle.poll(self.db, self.broker)
                 self.check_orphans()
                 if all(f.done() for f in futures) and self.unfinished_submitted() == 0:
                     finished = True
@@ -468,7 +468,7 @@ class Campaign:
         if finished:
             self.await_cleanup()
         with contextlib.suppress(Exception):
-            self.idle.poll(self.db)
+            self.idle.poll(self.db, self.broker)
         self.idle.close()
         return time.monotonic() - begun
 

@@ -312,9 +312,11 @@ class IdleWatch:
         """Steps whose lease has not moved since their kill."""
         return [(s, h) for s in self.stalls for h in s.held if h.step_id not in s.waits]
 
-    def poll(self, db: Any) -> None:
+    def poll(self, db: Any, broker: Broker | None = None) -> None:
         """Read the workers' beats and the pending steps' rows once; time those whose lease
-        moved."""
+        moved, and those taken for delivered whose message is (back) in a queue: they wait
+        their turn behind other jobs, and the sweep rightly leaves them (an ``unacked``
+        entry may be a stale one, of an earlier message a killed worker took)."""
         from sqlalchemy import select
 
         from merlin_flow.store import FINISHED_STEP_STATUSES, Step, WorkerBeat
@@ -337,10 +339,15 @@ class IdleWatch:
                     )
                 ).all()
             }
+        waiting: set[tuple[str, str]] = set()
+        if broker is not None and any(held.delivered for _, held in pending):
+            waiting = broker.messages()[0]
         now = time.monotonic()
         for stall, held in pending:
             owner, expires, status = rows.get(held.step_id, (None, None, None))
-            if status in FINISHED_STEP_STATUSES or (owner, expires) != (held.owner, held.expires):
+            moved = (owner, expires) != (held.owner, held.expires)
+            queued = held.delivered and (held.job_id, held.key) in waiting
+            if status in FINISHED_STEP_STATUSES or moved or queued:
                 stall.waits[held.step_id] = now - stall.at
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import update
 
 from merlin_flow.presence import (
@@ -71,3 +72,32 @@ def test_the_sweeper_beats_for_its_worker_and_leaves_when_stopped(
     sweeper.join(timeout=10)
     assert not sweeper.is_alive()
     assert live_workers(db, settings) == []
+
+
+def test_a_failed_sweep_is_tried_again_soon_not_a_whole_interval_later(
+    db: Database, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An outage cuts the sweep's connection: the next sweep must not wait a whole
+    # interval, or a killed worker's step waits that much longer to be taken over.
+    import workers.sweeper as sweeper_module
+
+    calls: list[str] = []
+
+    def sweep_once_broken(*_: object) -> list[str]:
+        calls.append("sweep")
+        if len(calls) == 1:
+            raise ConnectionError("terminating connection due to administrator command")
+        return []
+
+    monkeypatch.setattr(sweeper_module, "run_sweep", sweep_once_broken)
+    sweeper = Sweeper(db, settings.model_copy(update={"sweep_interval": 60.0}), "w@h", ["llm"])
+    waits: list[float] = []
+
+    def wait(interval: float) -> bool:
+        waits.append(interval)
+        return len(waits) == 2  # stop after the second sweep
+
+    monkeypatch.setattr(sweeper._stop_event, "wait", wait)
+    sweeper.run()
+    assert calls == ["sweep", "sweep"]
+    assert waits == [sweeper_module.RETRY_SECONDS, 60.0]
