@@ -259,13 +259,13 @@ class Campaign:
         self.workers: list[Worker] = []
         self.started_workers = 0
         self.tally = Tally()
-        self.idle = IdleWatch()
         self.broker = Broker(
             target.redis_url, None if target.redis_url else self.home / "broker.db"
         )
         self.handoff = float(
             self.env.get("MERLIN_HANDOFF_SECONDS", Settings.model_fields["handoff_seconds"].default)
         )
+        self.idle = IdleWatch(args.lease, self.handoff)
         self._orphan_checks: list[tuple[float, int, set[Key]]] = []
         self._stopped = False
         self.job_ids: list[str] = []
@@ -399,14 +399,14 @@ class Campaign:
             held, queued, watched = [], [], False
             self.tally.snapshot_failures += 1
         kill_worker(victim.process)
-        at = time.monotonic()
+        at, wall = time.monotonic(), time.time()
         held += taken(queued, self.broker)  # taken off their queue just before the kill
         number = len(self.tally.kills)
         self.tally.kills.append(time.time())
         if watched and not any(not h.delivered for h in held):
             self.tally.idle_kills += 1
         self.tally.commands_at_kills += len(commands)
-        self.idle.add(Stall(number, at, held))
+        self.idle.add(Stall(number, wall, held))
         self._orphan_checks.append((at + ORPHAN_SECONDS, number, commands))
         self.workers.remove(victim)
         self.start_worker(victim.machine, victim.queues)

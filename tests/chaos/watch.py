@@ -32,11 +32,12 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from merlin_flow.command_guard import MARK_VARIABLE
+from merlin_flow.leases import QUEUED
 
 MARK = f"{MARK_VARIABLE}=".encode()
 PROC = Path("/proc")
@@ -190,7 +191,6 @@ def held_steps(
     kill, which of those were taken off their queue in between, maybe by the victim)."""
     from sqlalchemy import select
 
-    from merlin_flow.leases import QUEUED
     from merlin_flow.store import Job, Step, utcnow
 
     waiting, delivered = broker.messages()  # before the rows: see the module docstring
@@ -289,7 +289,7 @@ class Stall:
     kill: int
     """The kill's number (from 0)."""
     at: float
-    """``time.monotonic()`` of the kill."""
+    """``time.time()`` of the kill (wall time: the database's times are compared to it)."""
     held: list[Held]
     waits: dict[int, float] = field(default_factory=dict)
     """Step id: seconds from the kill until its lease moved."""
@@ -298,11 +298,12 @@ class Stall:
 class IdleWatch:
     """Times, for each kill, how long its stalled steps sat before their lease moved."""
 
-    def __init__(self) -> None:
+    def __init__(self, lease: float, handoff: float) -> None:
         self.stalls: list[Stall] = []
         self.sweeps: list[float] = []
-        """``time.monotonic()`` of each poll that saw a worker's beat (a sweep) advance."""
+        """``time.time()`` of each sweep seen: the workers' beats, as the database has them."""
         self._beats: dict[str, datetime] = {}
+        self.lease, self.handoff = lease, handoff
 
     def add(self, stall: Stall) -> None:
         """Watch the steps of one more kill."""
@@ -323,8 +324,9 @@ class IdleWatch:
 
         with db.reader() as session:
             beats = dict(session.execute(select(WorkerBeat.name, WorkerBeat.last_seen)).all())
-        if any(self._beats.get(name) != seen for name, seen in beats.items()):
-            self.sweeps.append(time.monotonic())
+        self.sweeps += sorted(
+            _epoch(seen) for name, seen in beats.items() if self._beats.get(name) != seen
+        )
         self._beats = beats
         pending = self.pending()
         if not pending:
@@ -334,25 +336,37 @@ class IdleWatch:
             rows = {
                 row[0]: row[1:]
                 for row in session.execute(
-                    select(Step.id, Step.lease_owner, Step.lease_expires_at, Step.status).where(
-                        Step.id.in_(ids)
-                    )
+                    select(
+                        Step.id,
+                        Step.lease_owner,
+                        Step.lease_expires_at,
+                        Step.status,
+                        Step.finished_at,
+                    ).where(Step.id.in_(ids))
                 ).all()
             }
         waiting: set[tuple[str, str]] = set()
         if broker is not None and any(held.delivered for _, held in pending):
             waiting = broker.messages()[0]
-        now = time.monotonic()
+        now = time.time()
         for stall, held in pending:
-            owner, expires, status = rows.get(held.step_id, (None, None, None))
+            owner, expires, status, finished = rows.get(held.step_id, (None,) * 4)
             moved = (owner, expires) != (held.owner, held.expires)
             queued = held.delivered and (held.job_id, held.key) in waiting
             if status in FINISHED_STEP_STATUSES or moved or queued:
-                stall.waits[held.step_id] = now - stall.at
+                # When it moved, as the row says (this poll may come late: the driver was
+                # busy killing or cutting), but never later than now.
+                when = now
+                if status in FINISHED_STEP_STATUSES and finished is not None:
+                    when = min(when, _epoch(finished))
+                elif moved and expires is not None:
+                    since = self.handoff if owner == QUEUED else self.lease
+                    when = min(when, _epoch(expires) - since)
+                stall.waits[held.step_id] = max(0.0, when - stall.at)
 
     def close(self) -> None:
         """Time every step that never moved until now (each a violation if over the bound)."""
-        now = time.monotonic()
+        now = time.time()
         for stall, held in self.pending():
             stall.waits[held.step_id] = now - stall.at
 
@@ -385,11 +399,16 @@ class IdleWatch:
 
     def unswept(self, begin: float, end: float) -> float:
         """The longest time between ``begin`` and ``end`` in which no sweep was seen."""
-        times = [begin, *(t for t in self.sweeps if begin < t < end), end]
+        times = [begin, *sorted(t for t in self.sweeps if begin < t < end), end]
         return max(b - a for a, b in itertools.pairwise(times))
 
     def longest_unswept(self) -> float:
         """The longest time in the campaign in which no worker swept (as polled)."""
         if not self.sweeps:
             return 0.0
-        return self.unswept(self.sweeps[0], self.sweeps[-1])
+        return self.unswept(min(self.sweeps), max(self.sweeps))
+
+
+def _epoch(when: datetime) -> float:
+    """A database time (naive UTC, as merlin writes them) as ``time.time()`` seconds."""
+    return when.replace(tzinfo=UTC).timestamp()
