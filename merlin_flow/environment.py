@@ -259,7 +259,7 @@ def _build(
     folder.mkdir(parents=True)
     cache = settings.uv_cache
     cache.mkdir(parents=True, exist_ok=True)
-    checkout = settings.worktrees_dir / "_setup" / f"{folder.name}-{uuid.uuid4().hex[:8]}"
+    checkout = setup_checkouts(settings) / f"{folder.name}-{uuid.uuid4().hex[:8]}"
     log_path = folder.with_name(folder.name + ".log")
     deadline = time.monotonic() + config.environment.setup_timeout
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
@@ -369,16 +369,37 @@ def _setup_mounts(tools: tuple[str, ...]) -> tuple[Path, ...]:
     return tuple(mounts)
 
 
+def setup_checkouts(settings: Settings) -> Path:
+    """Where builds check the project out (``<environment folder>-<random>`` each)."""
+    return settings.worktrees_dir / "_setup"
+
+
 @contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """One build of ``folder`` at a time, across threads, processes and workers (flock)."""
+def _locked(folder: Path, wait: bool = True) -> Iterator[bool]:
+    """One build of ``folder`` at a time, across threads, processes and workers (flock).
+
+    Yields whether it holds the lock: always when ``wait``, else only if no build runs.
+    The kernel drops the lock of a killed builder.
+    """
     folder.parent.mkdir(parents=True, exist_ok=True)
     with folder.with_name(folder.name + ".lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def idle_build(settings: Settings, checkout: Path) -> Iterator[bool]:
+    """Whether no build runs for the setup checkout ``checkout``: held while True."""
+    folder = settings.envs_dir / checkout.name.rpartition("-")[0]
+    with _locked(folder, wait=False) as free:
+        yield free
 
 
 def _interpreter() -> Path:

@@ -7,19 +7,22 @@ A step's lease is ``(lease_owner, lease_expires_at)``:
   enqueues the step again (a duplicate message is harmless: see ``claim``).
 - a worker token: that worker is acting on the step and renews the lease every third of
   ``lease_seconds`` from a heartbeat thread. If it expires, the worker is presumed dead;
-  the sweep counts a recovery and enqueues the step again.
+  the sweep counts a recovery and enqueues the step again. A sweep on the same machine
+  does not wait for the expiry: it sees the token's process is gone (``process_gone``).
 
 Claims and renewals are single conditional UPDATEs, so two workers never both win.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from types import TracebackType
 
 from sqlalchemy import or_, update
@@ -39,14 +42,59 @@ def set_worker_name(name: str) -> None:
     _worker_name = name
 
 
+def _pid_space() -> str:
+    """Which processes a pid names here: a hash of this boot and PID namespace ('' unknown).
+
+    Two machines never share a boot id; two containers on one machine (same boot id,
+    maybe the same host name) have their own PID namespaces.
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return hashlib.sha256(f"{boot}/{namespace}".encode()).hexdigest()[:8]
+
+
+HOST = f"{socket.gethostname()}/{_pid_space()}"
+"""The first field of this process's lease tokens: host name and pid space."""
+
+
 def new_token() -> str:
-    """A unique owner token for one task execution: ``host:pid:random:worker``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}:{_worker_name}"
+    """A unique owner token for one task execution: ``host/space:pid:random:worker``."""
+    return f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}:{_worker_name}"
 
 
 def token_process(token: str | None) -> str:
     """The process a lease token belongs to: its ``host:pid``."""
     return ":".join((token or "").split(":", 2)[:2])
+
+
+def process_gone(token: str | None) -> bool:
+    """True when ``token``'s process is known to have ended: it ran here, and is gone.
+
+    "Here" is this machine and PID namespace (``HOST``); a token from elsewhere, or from
+    before tokens named their pid space, is never known gone. A zombie (killed, not yet
+    reaped) is gone. A pid used again by a new process looks alive: the lease's expiry
+    then decides, as for a token from another machine.
+    """
+    host, _, rest = (token or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host != HOST or HOST.endswith("/") or not pid.isdigit():
+        return False
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2 :][:1] in ("Z", "X")
+
+
+def token_tag(token: str) -> str:
+    """The random part of a lease token, unique to one task execution."""
+    parts = token.split(":", 3)
+    return parts[2] if len(parts) > 2 else token
 
 
 def token_worker(token: str | None) -> str:

@@ -30,7 +30,7 @@ from merlin_flow.errors import (
 )
 from merlin_flow.git import diff
 from merlin_flow.graph import blocked_reason, dependents, is_complete, is_finished, runnable
-from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values
+from merlin_flow.leases import QUEUED, Heartbeat, claim, queued_values, token_tag
 from merlin_flow.reports import job_summary
 from merlin_flow.repository import JobRepository, repository_of
 from merlin_flow.settings import Settings
@@ -109,7 +109,7 @@ class HeldStep:
         The token keeps apart the worktrees of a worker that lost its lease and of the
         worker that took the step over: neither can delete the other's.
         """
-        return self.settings.worktrees_dir / self.job_id / f"{name}-{self.token.rsplit(':', 1)[-1]}"
+        return self.settings.worktrees_dir / self.job_id / f"{name}-{token_tag(self.token)}"
 
     def work(self, phase: Phase, work: Callable[[Heartbeat], Outcome]) -> Outcome:
         """Claim the step for ``phase`` and ``work`` it while the lease is renewed.

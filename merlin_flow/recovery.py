@@ -4,8 +4,10 @@ The embedded broker never redelivers a message whose worker was killed (kill -9,
 loss), and Redis only does so after its visibility timeout. So every worker runs this
 sweep when it starts and every ``MERLIN_SWEEP_INTERVAL`` seconds.
 
-**A lost worker.** A step held by a worker whose lease expired is taken over: queued
-again and published (every take-over adds one to ``losses``). Whether the loss counts
+**A lost worker.** A step held by a worker whose lease expired, or whose process is
+gone (``leases.process_gone``: a worker of this machine, killed, seen at once rather than
+a lease later), is taken over: queued again and published (every take-over adds one to
+``losses``). Whether the loss counts
 against the step (``recoveries``, limited by ``max_recoveries``) follows one rule:
 
     A loss counts against a step only when the step is the one running in every loss
@@ -49,7 +51,13 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.graph import is_active
-from merlin_flow.leases import QUEUED, queued_values, token_process, token_worker
+from merlin_flow.leases import (
+    QUEUED,
+    process_gone,
+    queued_values,
+    token_process,
+    token_worker,
+)
 from merlin_flow.lifecycle import (
     add_event,
     fail_job_in_session,
@@ -142,7 +150,8 @@ def sweep(
                     and expires - handoff < now - wait  # queued more than ``grace`` ago
                     and (job.id, step.key) not in on_broker
                 )
-                if expires < now or lost:
+                gone = step.lease_owner != QUEUED and process_gone(step.lease_owner)
+                if expires < now or lost or gone:
                     candidates.append(
                         _Candidate(
                             job.id, step.id, step.lease_owner, expires, lost and expires >= now
@@ -192,21 +201,21 @@ def counts_against(
     another process lost a step, or when another worker's beat (``presence``) went
     silent, busy or idle: its last beat is after "since" and over two sweep intervals
     old (a worker that stops cleanly removes its beat). Steps lost right now (their
-    worker's lease expired, not yet taken over) count as lost too, so that two workers
-    lost together are seen by both take-overs, whichever comes first.
+    worker's lease expired or its process is gone, not yet taken over) count as lost too,
+    so that two workers lost together are seen by both take-overs, whichever comes first.
     """
     since = step.lost_at or step.started_at or datetime.min
     others = session.scalars(
         select(Step.lost_by).where(Step.id != step.id, Step.lost_at > since)
     ).all()
-    dying = session.scalars(
-        select(Step.lease_owner).where(
-            Step.id != step.id,
-            Step.lease_owner.is_not(None),
-            Step.lease_owner != QUEUED,
-            Step.lease_expires_at < now,
+    held = session.execute(
+        select(Step.lease_owner, Step.lease_expires_at).where(
+            Step.id != step.id, Step.lease_owner.is_not(None), Step.lease_owner != QUEUED
         )
     ).all()
+    dying = [
+        other for other, ends in held if (ends is not None and ends < now) or process_gone(other)
+    ]
     me = token_process(owner)
     if any(token_process(other) != me for other in [*others, *dying]):
         return False

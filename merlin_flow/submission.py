@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.orm import Session
+
 from merlin_flow.agent_choice import AgentChoice, agent_tier_index, choose_agents
 from merlin_flow.agent_files import load_agents
 from merlin_flow.budget import require_priced_tiers
@@ -34,6 +36,7 @@ from merlin_flow.repository import (
 from merlin_flow.routing import start_tier
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
+from merlin_flow.store.database import write_patiently
 from merlin_flow.tasklist import TaskList, load_tasklist
 
 UNCOMMITTED = (
@@ -183,24 +186,27 @@ def create_job(
         job_id = new_job_id()
         branch = job_branch(job_id)
         repository.start_branch(branch, base)
-    try:
-        with db.session() as session:
-            job = Job(
-                id=job_id,
-                title=tasklist.title,
-                repo=repository.location,
-                status=JobStatus.PENDING,
-                branch=branch,
-                base_commit=base,
-                head_commit=base,
-                tasklist=tasklist.model_dump(mode="json"),
-                config=config.model_dump(mode="json"),
-                budget_usd=budget_usd,
-                replay_of=replay_of,
-            )
-            session.add(job)
-            add_steps(job, tasklist, config, commands, settings, agents)
-            add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
+
+    def write(session: Session) -> None:
+        job = Job(
+            id=job_id,
+            title=tasklist.title,
+            repo=repository.location,
+            status=JobStatus.PENDING,
+            branch=branch,
+            base_commit=base,
+            head_commit=base,
+            tasklist=tasklist.model_dump(mode="json"),
+            config=config.model_dump(mode="json"),
+            budget_usd=budget_usd,
+            replay_of=replay_of,
+        )
+        session.add(job)
+        add_steps(job, tasklist, config, commands, settings, agents)
+        add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
+
+    try:  # one transaction, tried again if an outage cuts it (never recorded twice)
+        write_patiently(db, write, lambda session: session.get(Job, job_id) is not None)
     except BaseException:
         repository.drop_branch(branch)
         raise

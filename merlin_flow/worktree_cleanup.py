@@ -21,6 +21,10 @@ of ended jobs on its machine (``clear_ended``), whichever machine finalized them
   with ``git worktree prune``; in a user's repository only the job's own are removed
   (a global prune would drop the user's worktrees on an unmounted disk).
 - One job's failure is logged, and tried again at the next sweep; the others go on.
+
+Environment builds check the project out in ``worktrees_dir/_setup`` and remove the
+checkout when they end; a builder killed mid-build leaves it. Each sweep removes those
+no build holds the lock of (``clear_setups``): the kernel dropped the killed builder's.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from merlin_flow.environment import idle_build, setup_checkouts
 from merlin_flow.errors import GitError
 from merlin_flow.git import git, remove_worktree
 from merlin_flow.repository import cache_path, is_git_url
@@ -208,6 +213,23 @@ def clear_ended(db: Database, settings: Settings) -> list[str]:
     if cleared:
         log.info("removed the worktrees here of ended jobs %s", ", ".join(cleared))
     return cleared
+
+
+def clear_setups(settings: Settings) -> list[Path]:
+    """Remove the setup checkouts left by killed builds (see the module); the ones removed."""
+    try:
+        entries = sorted(setup_checkouts(settings).iterdir())
+    except FileNotFoundError:
+        return []
+    removed = []
+    for checkout in entries:
+        with idle_build(settings, checkout) as free:
+            if free:  # removed while holding the lock: no build can start on it meanwhile
+                remove(_owner(checkout), checkout)
+                removed.append(checkout)
+    if removed:
+        log.info("removed %d setup checkouts of killed builds", len(removed))
+    return removed
 
 
 def caches(settings: Settings) -> list[Path]:

@@ -22,11 +22,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery import chain
+from kombu.exceptions import OperationalError as BrokerError
 
 from merlin_flow.lifecycle import PlannedTask, TaskName, remaining_tasks
 from merlin_flow.store import Database
 from workers.results import StepState, read_steps
 from workers.tasks import finalize_signature, step_signature, verify_signature
+
+PUBLISH_ERRORS = (BrokerError, OSError)
+"""What publishing raises when the broker cannot be reached (after Celery's retries)."""
 
 
 def task_chain(

@@ -4,7 +4,8 @@ The same thread writes the worker's beat (``merlin_flow.presence``) before each 
 and reads which step messages the broker holds (``broker_messages``), so that the sweep
 notices a queued step whose message was lost within seconds (``merlin_flow.recovery``).
 Each sweep also removes what this machine's workers left in its ``MERLIN_HOME`` for
-jobs that have ended (``merlin_flow.worktree_cleanup``), whichever machine ended them.
+jobs that have ended (``merlin_flow.worktree_cleanup``), whichever machine ended them,
+and the checkouts of environment builds whose worker was killed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from merlin_flow.presence import beat, leave
 from merlin_flow.recovery import Messages, grace, sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.worktree_cleanup import clear_ended
+from merlin_flow.worktree_cleanup import clear_ended, clear_setups
 from workers.canvas import enqueue_job
 from workers.tasks import ALL_QUEUES, STEP_TASK, VERIFY_TASK
 
@@ -136,6 +137,7 @@ def run_sweep(db: Database, settings: Settings) -> list[str]:
     purge_delivered_messages(settings)
     try:
         clear_ended(db, settings)
+        clear_setups(settings)
     except Exception:
         log.warning("the worktrees of ended jobs could not be looked at", exc_info=True)
     return recovered

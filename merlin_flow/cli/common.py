@@ -87,12 +87,22 @@ JobArg = Annotated[str, typer.Argument(help="The job id.", metavar="JOB_ID")]
 
 
 def guarded(work: Callable[[], T]) -> T:
-    """Run a command's work; a MerlinError is printed and exits with its code."""
+    """Run a command's work; a MerlinError is printed and exits with its code.
+
+    A database error no retry rode out (an outage, a server fault) is printed in one
+    line and exits 1: the command's own transaction was rolled back.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
         return work()
     except MerlinError as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        err_console.print(f"[red]error:[/] the database failed: {escape(reason)}", highlight=False)
+        raise typer.Exit(1) from None
 
 
 def usage_error(message: str) -> typer.Exit:

@@ -25,12 +25,29 @@ if TYPE_CHECKING:
 
 
 def enqueue(db: Database, job_id: str) -> None:
-    """Publish what is left of the job for the workers (``merlin worker``)."""
+    """Publish what is left of the job for the workers (``merlin worker``).
+
+    The job is recorded already: if an outage stops the publishing, it is not lost (a
+    worker's recovery sweep publishes a queued step whose message is missing), so this
+    warns instead of failing a command whose job exists.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
     from workers.app import app as celery_app
-    from workers.canvas import enqueue_job
+    from workers.canvas import PUBLISH_ERRORS, enqueue_job
 
     celery_app.set_default()
-    enqueue_job(db, job_id)
+    try:
+        enqueue_job(db, job_id)
+    except (SQLAlchemyError, *PUBLISH_ERRORS) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        err_console.print(
+            f"[yellow]warning: job {job_id} is recorded, but its tasks could not be "
+            f"published ({escape(reason)}): a worker's recovery sweep will publish them "
+            "(within seconds on Redis and the embedded broker, after "
+            "MERLIN_HANDOFF_SECONDS on others)[/]",
+            highlight=False,
+        )
 
 
 class OnInterrupt(StrEnum):

@@ -202,18 +202,56 @@ OPEN_RETRY_DELAYS = (0.5, 1.0, 2.0)
 """Seconds between tries of a server whose connection was cut (a restart, a failover)."""
 
 
+def _is_cut(exc: DBAPIError) -> bool:
+    """Whether ``exc`` is a lost connection (a restart, a failover, an outage)."""
+    return exc.connection_invalidated or isinstance(exc, OperationalError)
+
+
 def _patiently(read: Callable[[], T]) -> T:
     """``read()``, again after each of OPEN_RETRY_DELAYS while its connection is cut."""
     for delay in (*OPEN_RETRY_DELAYS, None):
         try:
             return read()
         except DBAPIError as exc:
-            cut = exc.connection_invalidated or isinstance(exc, OperationalError)
-            if delay is None or not cut:
+            if delay is None or not _is_cut(exc):
                 raise
             logging.getLogger(__name__).warning("database connection lost; trying again")
             time.sleep(delay)
     raise AssertionError("unreachable")
+
+
+def write_patiently(
+    db: Database, write: Callable[[Session], None], landed: Callable[[Session], bool]
+) -> None:
+    """Run ``write`` in one transaction, again after each of OPEN_RETRY_DELAYS while cut.
+
+    A connection cut during the commit leaves it unknown whether the commit landed, so
+    after each cut ``landed`` looks (for a row the write adds, by its key): a write is
+    never done twice. StoreError when the last try is cut too.
+    """
+    tries = (*OPEN_RETRY_DELAYS, OPEN_RETRY_DELAYS[-1])
+    for delay in tries:
+        try:
+            with db.session() as session:
+                write(session)
+            return
+        except DBAPIError as exc:
+            if not _is_cut(exc):
+                raise
+            cut = exc
+        logging.getLogger(__name__).warning("database connection lost while writing")
+        time.sleep(delay)
+        try:
+            with db.reader() as session:
+                if landed(session):
+                    return
+        except DBAPIError as again:
+            if not _is_cut(again):
+                raise
+    raise StoreError(
+        f"cannot use the database {db.engine.url!r}: its connection was lost "
+        f"{len(tries)} times in a row ({cut.orig})"
+    )
 
 
 def _upgrade_sqlite_once(db: Database) -> None:

@@ -5,7 +5,7 @@ random intervals (and, on Redis + Postgres, cuts every connection now and then);
 the invariants are checked from the database and git (``tests.chaos.invariants``). It
 prints a report per backend (and machine setup): the invariants broken, the commands a
 killed worker left running (orphans), and the longest a step sat after a kill before
-its lease moved, against its bound (a lease, a sweep interval and a margin). It exits 1
+its lease moved, against its bound (a lease). It exits 1
 on any violation, job not completed, orphan, or step idle past the bound.
 docs/RELIABILITY.md holds the figures.
 """
@@ -95,7 +95,7 @@ class Result:
     tally: Tally
     seconds: float
     bound: float
-    """The longest a step may sit after a kill (lease + sweep + margin)."""
+    """The longest a step may sit after a kill (a lease)."""
     idle: float = 0.0
     """The longest a step sat after a kill before its lease moved."""
     idle_step: str = ""

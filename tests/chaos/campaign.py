@@ -297,8 +297,8 @@ class Campaign:
 
     @property
     def idle_bound(self) -> float:
-        """The longest a step may sit after a kill: a lease, a sweep, and a margin."""
-        return float(self.args.lease + self.args.sweep + POLL_MARGIN)
+        """The longest a step may sit after a kill: a lease."""
+        return float(self.args.lease)
 
     @property
     def db(self) -> Any:

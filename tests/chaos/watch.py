@@ -10,7 +10,7 @@ worker. ``campaign_commands`` finds the ones left at the end (their environment 
 working directory is under the campaign's folder).
 
 **Idle after a kill.** ``held_steps`` lists, just before a kill, the steps the kill may
-stall: the ones whose lease token (``host:pid:random``) is a process of the victim's
+stall: the ones whose lease token (``host/space:pid:...``) is a process of the victim's
 group, and queued steps whose message was delivered but not claimed (Redis: an entry in
 ``unacked``; the embedded broker: a ``kombu_message`` row with ``visible = 0``; on both,
 a step queued more than ``PUBLISH_SECONDS`` ago whose message is in no queue: the
@@ -18,7 +18,7 @@ embedded broker's sweep deletes delivered rows; and a queued step whose message 
 a queue just before the kill and is not just after it). ``IdleWatch`` then polls their rows
 and times each from the kill until its lease moves: another owner, a new expiry (the
 sweep queued it again), or the step finished. A kill stalls no job longer than a lease
-plus a sweep interval if the longest of those times is within that bound.
+if the longest of those times is within that bound.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ ORPHAN_SECONDS = 3.0
 PUBLISH_SECONDS = 2.0
 """A step queued longer ago than this whose message is in no queue had it delivered."""
 POLL_MARGIN = 2.0
-"""Added to lease + sweep for the idle bound: polling, and a loaded machine's sweep."""
+"""Added to the workers' last sweeps at the end of a campaign: polling, a loaded machine."""
 
 Key = tuple[int, int]
 """A process as ``(pid, start time)``: a pid used again later is another process."""

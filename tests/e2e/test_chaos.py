@@ -4,7 +4,7 @@ Six jobs of two steps on two `merlin worker --concurrency 2` processes, on the e
 SQLite store and broker, while three workers in turn are SIGKILLed (their whole process
 group) and replaced; then every invariant of ``tests.chaos.invariants`` holds, no
 command outlived its worker, no worktree is left, and no step a kill stalled sat longer
-than a lease plus a sweep interval (and a margin) before its lease moved.
+than a lease before its lease moved.
 """
 
 from __future__ import annotations

@@ -273,6 +273,44 @@ def test_valid_submit_is_detected_by_the_same_checks(
     assert new_broker_messages(merlin_home, broker_before) >= 1
 
 
+def _cut(*_: object) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    raise OperationalError("SELECT", {}, Exception("server closed the connection\nunexpectedly"))
+
+
+def test_a_submit_whose_publishing_is_cut_still_gives_its_recorded_job(
+    merlin_home: Path, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Recorded, then an outage stops the publishing: the job exists (a worker's sweep
+    # publishes it), so the command prints its id, with a warning, and succeeds.
+    import workers.canvas
+
+    monkeypatch.setattr(workers.canvas, "enqueue_job", _cut)
+    tasklist = tmp_path / "tasklist.yaml"
+    tasklist.write_text("title: ok\nsteps:\n" + GOOD_STEP)
+    result = CliRunner().invoke(app, ["submit", str(tasklist), "--repo", str(repo)])
+    assert result.exit_code == 0, result.output
+    job_id = result.stdout.strip()
+    assert job_rows(merlin_home) == 1
+    warning = " ".join(result.stderr.split())
+    assert f"job {job_id} is recorded, but its tasks could not be published" in warning
+    assert "server closed the connection)" in warning
+    assert "recovery sweep will publish them" in warning
+
+
+def test_a_database_error_is_one_line_not_a_traceback(
+    merlin_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import merlin_flow.jobs
+
+    monkeypatch.setattr(merlin_flow.jobs, "job_view", _cut)
+    result = CliRunner().invoke(app, ["status", "abc", "--json"])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip() == "error: the database failed: server closed the connection"
+    assert "Traceback" not in result.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,7 +16,17 @@ from sqlalchemy import select, update
 
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.jobs import job_view
-from merlin_flow.leases import QUEUED, Heartbeat, claim, renew
+from merlin_flow.leases import (
+    HOST,
+    QUEUED,
+    Heartbeat,
+    claim,
+    new_token,
+    process_gone,
+    renew,
+    token_process,
+    token_tag,
+)
 from merlin_flow.recovery import sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step, upgrade, utcnow
@@ -164,3 +177,38 @@ def test_heartbeat_sees_a_lease_taken_over(
             session.execute(update(Step).where(Step.id == step_id).values(lease_owner="thief"))
         time.sleep(0.25)
         assert heartbeat.lost
+
+
+def _ended_child() -> subprocess.Popen[bytes]:
+    """A child that has exited (a zombie until it is waited for)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return child
+
+
+def test_a_token_names_this_process_and_its_pid_space() -> None:
+    token = new_token()
+    host, pid, tag, _worker = token.split(":", 3)
+    assert host == HOST
+    assert HOST.startswith(f"{os.uname().nodename}/")
+    assert len(HOST.rsplit("/", 1)[1]) == 8  # the boot and PID namespace, hashed
+    assert (int(pid), token_process(token)) == (os.getpid(), f"{HOST}:{pid}")
+    assert token_tag(token) == tag
+    assert tag != token_tag(new_token())
+    assert not process_gone(token)  # this process runs
+
+
+def test_a_killed_process_of_this_pid_space_is_gone_at_once() -> None:
+    child = _ended_child()
+    token = f"{HOST}:{child.pid}:0a1b2c3d:w1@box"
+    assert process_gone(token)  # a zombie: killed, not yet reaped
+    child.wait()
+    assert process_gone(token)  # reaped: no such pid
+    # The same pid elsewhere, or in a token that does not name its pid space: not known.
+    host = HOST.split("/")[0]
+    for other in (f"{host}/ffffffff:{child.pid}:x:w", f"{host}:{child.pid}:x", "", None):
+        assert not process_gone(other), other
+    assert not process_gone(QUEUED)

@@ -3,7 +3,10 @@ or an unlucky machine, and lost messages."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from merlin_flow.jobs import job_view
-from merlin_flow.leases import QUEUED
+from merlin_flow.leases import HOST, QUEUED
 from merlin_flow.lifecycle import fail_job_in_session
 from merlin_flow.recovery import MESSAGE_LOST, grace, sweep
 from merlin_flow.settings import Settings
@@ -146,6 +149,48 @@ def test_steps_lost_in_two_deaths_at_once_count_neither(
     _lose(db, job_id, "s0", "host:7:a")  # two workers died together: the machine's doing
     _lose(db, job_id, "s1", "host:8:a")
     sweep(db, settings, lambda *_: None)
+    assert [_row(db, job_id, key).recoveries for key in ("s0", "s1")] == [0, 0]
+    assert [_row(db, job_id, key).losses for key in ("s0", "s1")] == [1, 1]
+
+
+def _hold(db: Database, job_id: str, key: str, owner: str, seconds: float = 60) -> None:
+    """``owner`` holds the step's lease for ``seconds`` more."""
+    with db.session() as session:
+        session.execute(
+            update(Step)
+            .where(Step.job_id == job_id, Step.key == key)
+            .values(lease_owner=owner, lease_expires_at=utcnow() + timedelta(seconds=seconds))
+        )
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_step_whose_worker_process_is_gone_is_taken_over_before_its_lease_ends(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = scripted_job(db, settings, py_repo, tmp_path, steps=3)
+    _hold(db, job_id, "s0", f"{HOST}:{_dead_pid()}:0a1b2c3d:w1@box")  # killed here
+    _hold(db, job_id, "s1", f"{HOST}:{os.getpid()}:0a1b2c3e:w2@box")  # alive here
+    _hold(db, job_id, "s2", f"elsewhere/0a0a0a0a:{_dead_pid()}:0a1b2c3f:w3@far")  # not ours
+    enqueued: list[tuple[str, str | None]] = []
+    assert sweep(db, settings, lambda job, key: enqueued.append((job, key))) == [job_id]
+    assert enqueued == [(job_id, "s0")]
+    assert (_row(db, job_id).lease_owner, _row(db, job_id).losses) == (QUEUED, 1)
+    assert _row(db, job_id, "s1").lease_owner.endswith("w2@box")  # type: ignore[union-attr]
+    assert _row(db, job_id, "s2").lease_owner.endswith("w3@far")  # type: ignore[union-attr]
+
+
+def test_two_workers_killed_together_count_against_neither_step(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = scripted_job(db, settings, py_repo, tmp_path, steps=2)
+    _hold(db, job_id, "s0", f"{HOST}:{_dead_pid()}:0a1b2c3d:w1@box")
+    _hold(db, job_id, "s1", f"{HOST}:{_dead_pid()}:0a1b2c3e:w2@box")
+    sweep(db, settings, lambda *_: None)  # the first take-over sees the second death too
     assert [_row(db, job_id, key).recoveries for key in ("s0", "s1")] == [0, 0]
     assert [_row(db, job_id, key).losses for key in ("s0", "s1")] == [1, 1]
 

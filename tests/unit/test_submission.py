@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -103,3 +105,95 @@ def test_the_tasklist_and_config_files_themselves_are_not_warned_about(
 ) -> None:
     config, tasklist = _job_files(py_repo, tmp_path)
     assert submit_job(db, settings, tasklist, str(py_repo), config).warnings == ()
+
+
+@contextlib.contextmanager
+def _cut_at_first_flush() -> Iterator[list[int]]:
+    """At the first flush of any session, Postgres terminates that session's backend (an
+    outage): its COMMIT then fails with a lost connection. Yields the pids it cut."""
+    from sqlalchemy import create_engine, event, text
+    from sqlalchemy.orm import Session
+
+    from tests.conftest import POSTGRES_ADMIN_URL
+
+    cut: list[int] = []
+
+    def cut_once(session: Session, _context: object) -> None:
+        if cut:
+            return
+        pid = session.connection().exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        admin.dispose()
+        cut.append(pid)
+
+    event.listen(Session, "after_flush", cut_once)
+    try:
+        yield cut
+    finally:
+        event.remove(Session, "after_flush", cut_once)
+
+
+def test_a_submit_whose_connection_is_cut_is_recorded_once(
+    postgres_url: str, settings: Settings, py_repo: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from merlin_flow.store import database, open_database, upgrade
+
+    fresh = Database(postgres_url)
+    upgrade(fresh)
+    fresh.dispose()
+    db = open_database(postgres_url)
+    monkeypatch.setattr(database, "OPEN_RETRY_DELAYS", (0.0, 0.0, 0.0))
+    config, tasklist = _job_files(tmp_path, tmp_path)
+    with _cut_at_first_flush() as cut:
+        job_id = submit_job(db, settings, tasklist, str(py_repo), config).job_id
+    assert len(cut) == 1  # the first try's session was cut before its commit
+    assert _jobs(db) == 1
+    assert git(py_repo, "branch", "--list", f"merlin/{job_id}").strip()
+    db.dispose()
+
+
+def test_a_write_whose_commit_landed_unseen_is_not_done_again(db: Database) -> None:
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from merlin_flow.store import database
+
+    tries: list[int] = []
+
+    def write(session: Session) -> None:
+        tries.append(1)
+        with db.session() as other:  # the commit lands...
+            base = "0" * 40
+            other.add(
+                Job(id="landed", title="t", repo="r", status=JobStatus.PENDING, branch="b",
+                    base_commit=base, head_commit=base, tasklist={}, config={})
+            )  # fmt: skip
+        lost = Exception("server closed the connection unexpectedly")
+        raise OperationalError("COMMIT", {}, lost)  # ...and its answer is lost
+
+    database.write_patiently(db, write, lambda session: session.get(Job, "landed") is not None)
+    assert (len(tries), _jobs(db)) == (1, 1)
+
+
+def test_a_write_cut_every_time_says_the_database_cannot_be_used(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from merlin_flow.errors import StoreError
+    from merlin_flow.store import database
+
+    monkeypatch.setattr(database, "OPEN_RETRY_DELAYS", (0.0, 0.0, 0.0))
+    tries: list[int] = []
+
+    def write(session: Session) -> None:
+        tries.append(1)
+        raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+
+    with pytest.raises(StoreError, match=r"cannot use the database .* lost 4 times in a row"):
+        database.write_patiently(db, write, lambda session: False)
+    assert len(tries) == 4

@@ -13,6 +13,7 @@ from sqlalchemy import event
 
 from merlin_flow import worktree_cleanup
 from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.environment import _locked, setup_checkouts
 from merlin_flow.errors import GitError
 from merlin_flow.git import add_worktree
 from merlin_flow.lifecycle import finalize_job
@@ -21,7 +22,7 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, utcnow
 from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.worktree_cleanup import UNKNOWN_AFTER, clear_ended, leftovers
+from merlin_flow.worktree_cleanup import UNKNOWN_AFTER, clear_ended, clear_setups, leftovers
 from tests.conftest import git
 from tests.unit.scripted_jobs import ONE_STEP, scripted_job
 
@@ -252,3 +253,49 @@ def test_every_workers_sweep_clears_and_its_failure_stops_no_sweep(
     monkeypatch.setattr(sweeper, "clear_ended", broken)
     assert sweeper.run_sweep(db, settings) == []
     assert "the worktrees of ended jobs could not be looked at" in caplog.text
+
+
+def _build_killed_midway(repo: Path, settings: Settings, env: str) -> Path:
+    """A real process takes ``env``'s build lock, checks the project out as a build does,
+    and is SIGKILLed mid-build; the checkout it leaves."""
+    import signal
+    import subprocess
+    import sys
+
+    checkout = setup_checkouts(settings) / f"{env}-0a1b2c3d"
+    program = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from merlin_flow.environment import _locked\n"
+        "from merlin_flow.git import add_worktree\n"
+        "with _locked(Path(sys.argv[1])):\n"
+        "    add_worktree(Path(sys.argv[2]), Path(sys.argv[3]), 'HEAD')\n"
+        "    print('building', flush=True)\n"
+        "    time.sleep(600)\n"
+    )
+    builder = subprocess.Popen(
+        [sys.executable, "-c", program, str(settings.envs_dir / env), str(repo), str(checkout)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert builder.stdout is not None
+    assert builder.stdout.readline() == "building\n"
+    assert clear_setups(settings) == []  # its build runs: its checkout stays
+    builder.send_signal(signal.SIGKILL)
+    builder.wait()
+    builder.stdout.close()
+    return checkout
+
+
+def test_a_killed_builds_setup_checkout_goes_and_a_running_ones_stays(
+    py_repo: Path, settings: Settings
+) -> None:
+    dead = _build_killed_midway(py_repo, settings, "proj-1111")
+    running = add_worktree(py_repo, setup_checkouts(settings) / "proj-2222-1a2b3c4d", "HEAD")
+    assert len(registered(py_repo)) == 2
+    with _locked(settings.envs_dir / "proj-2222"):  # a build of another key, in this process
+        assert clear_setups(settings) == [dead]
+    assert not dead.exists()
+    assert running.is_dir()
+    assert [Path(path).name for path in registered(py_repo)] == [running.name]
+    assert clear_setups(settings) == [running]  # its build is over too now
+    assert registered(py_repo) == []
