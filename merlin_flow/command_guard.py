@@ -10,8 +10,10 @@ The guard asks the kernel for SIGTERM when the thread that started it exits
 when its whole process does (a SIGKILL, the OOM killer). On that signal, or if the
 worker was already gone when the guard started, it SIGKILLs every process carrying the
 command's mark (``MARK_VARIABLE``, inherited by everything the command starts, even a
-``setsid`` daemon) and then its own process group. So no command of a killed worker
-runs beside the attempt that another worker resumes. The guard itself passes the
+``setsid`` daemon) and then its own process group, within milliseconds of the kill;
+another worker resumes the attempt at the soonest after the next recovery sweep, a
+message, a claim, a worktree and a model turn. So no command of a killed worker runs
+beside the attempt that another worker resumes. The guard itself passes the
 command's exit status on: its exit code, or the signal that killed it.
 
 This file imports a few standard modules only (no ``subprocess``, no ``pathlib``): it

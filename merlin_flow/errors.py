@@ -12,6 +12,7 @@ The tree is shallow and split by who must act::
     │   ├── AgentFileError       an agent file is invalid, or its imports form a cycle
     │   └── NoModelAvailable     no configured tier has its credentials or server
     ├── StoreError               the database cannot be used (schema not upgraded...)
+    │   └── RecordInDoubt        a write's connection was lost: whether it landed is unknown
     ├── GitError                 a git command failed unexpectedly
     │   └── RemoteUnavailable    a job's git remote cannot be reached (retried later)
     ├── SetupFailed              the project's environment could not be built (job fails)
@@ -78,6 +79,12 @@ class StoreError(MerlinError):
     """The database is unreachable or its schema is not at the current revision."""
 
     exit_code = 2
+
+
+class RecordInDoubt(StoreError):
+    """A write's connection was lost during its commit, and whether it landed is unknown."""
+
+    exit_code = 1
 
 
 class GitError(MerlinError):

@@ -49,6 +49,8 @@ def _pid_space() -> str:
     maybe the same host name) have their own PID namespaces.
     """
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return ""  # a /proc of another PID namespace: its pids are not ours
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
@@ -56,7 +58,7 @@ def _pid_space() -> str:
     return hashlib.sha256(f"{boot}/{namespace}".encode()).hexdigest()[:8]
 
 
-HOST = f"{socket.gethostname()}/{_pid_space()}"
+HOST = f"{socket.gethostname().replace(':', '_')}/{_pid_space()}"
 """The first field of this process's lease tokens: host name and pid space."""
 
 
@@ -83,9 +85,13 @@ def process_gone(token: str | None) -> bool:
     if host != HOST or HOST.endswith("/") or not pid.isdigit():
         return False
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+        os.kill(int(pid), 0)  # no signal sent: only whether the process exists
+    except ProcessLookupError:
         return True
+    except (PermissionError, OverflowError):
+        return False  # another user's process (alive), or no pid at all
+    try:  # it exists: gone only if it is a zombie (a /proc that hides it: alive)
+        text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
     return text[text.rindex(")") + 2 :][:1] in ("Z", "X")

@@ -20,13 +20,15 @@ lost in each of its deaths, so each death counts and it is parked ("failed: work
 N times ... a poison step") after ``max_recoveries``: never looped forever, and the
 other jobs go on. A machine that loses workers for its own reasons (OOM kills of other
 processes, a node drained, kill -9 at random) loses other steps too: the step is queued
-again without counting, however often. The gap between two losses of one step is at
-least a lease (its lease must lapse before the take-over), so a step that is merely
-unlucky would need the machine to lose no other busy worker in each of several such
-gaps while it keeps losing the one running it. Losses of steps run by one process (a
+again without counting, however often: a step that is merely unlucky would need the
+machine to lose no other worker, busy or idle, between each of several of its losses
+while it keeps losing the one running it. Losses of steps run by one process (a
 threaded worker running two) are one death: both steps count it. An idle worker's death
-shows as its beat going silent; lease tokens name their worker (``leases.new_token``),
-so a step's own worker's silence is not taken for another's. A machine whose only
+shows as its beat going silent, two sweep intervals after its last beat; lease tokens
+name their worker (``leases.new_token``), so a step's own worker's silence is not taken
+for another's. A busy worker killed at the same moment as an idle one is taken over
+before the idle one's silence shows (at once, when its process is seen gone), so that
+loss counts; the idle one's is seen by every later take-over. A machine whose only
 worker keeps dying, always while it runs the same step, still parks that step: from
 the database it looks the same as a step that kills its worker.
 

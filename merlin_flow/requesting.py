@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from merlin_flow.agent_choice import choose_agents
 from merlin_flow.agent_files import load_agents
 from merlin_flow.budget import require_priced_tiers
@@ -50,6 +52,7 @@ from merlin_flow.requests import Classification, RequestKind, classify
 from merlin_flow.settings import Settings
 from merlin_flow.specs import relevant_constraints
 from merlin_flow.store import Database, Job, JobStatus, utcnow
+from merlin_flow.store.database import write_patiently
 from merlin_flow.submission import (
     add_steps,
     check_budget,
@@ -114,7 +117,8 @@ def submit_request(
             readable=Permissions(config.permissions).path_readable,
         )
     job_id = new_job_id()
-    with db.session() as session:
+
+    def write(session: Session) -> None:
         session.add(
             Job(
                 id=job_id,
@@ -131,6 +135,9 @@ def submit_request(
             )
         )
         add_event(session, job_id, "job_submitted", f"request submitted: {_title(request)}")
+
+    # One transaction, tried again if an outage cuts it (never recorded twice).
+    write_patiently(db, write, lambda s: s.get(Job, job_id) is not None, f"job {job_id}")
     status = plan_job(db, settings, job_id, call_model)
     single = kind.kind is RequestKind.SINGLE  # the one step asked for: nothing to review
     if status == JobStatus.AWAITING_APPROVAL and (approved_by is not None or single):

@@ -22,7 +22,7 @@ from merlin_flow.budget import require_priced_tiers
 from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config, scripts_inside
 from merlin_flow.credentials import require_a_usable_tier
 from merlin_flow.endpoints import pin_endpoints
-from merlin_flow.errors import ConfigError, InputError
+from merlin_flow.errors import ConfigError, InputError, RecordInDoubt
 from merlin_flow.exit_commands import exit_command_for
 from merlin_flow.git import job_branch, uncommitted_files
 from merlin_flow.graph import dependencies, runnable
@@ -206,7 +206,9 @@ def create_job(
         add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
 
     try:  # one transaction, tried again if an outage cuts it (never recorded twice)
-        write_patiently(db, write, lambda session: session.get(Job, job_id) is not None)
+        write_patiently(db, write, lambda s: s.get(Job, job_id) is not None, f"job {job_id}")
+    except RecordInDoubt:
+        raise  # the job may exist: its branch stays
     except BaseException:
         repository.drop_branch(branch)
         raise

@@ -223,10 +223,13 @@ def clear_setups(settings: Settings) -> list[Path]:
         return []
     removed = []
     for checkout in entries:
-        with idle_build(settings, checkout) as free:
-            if free:  # removed while holding the lock: no build can start on it meanwhile
-                remove(_owner(checkout), checkout)
-                removed.append(checkout)
+        try:
+            with idle_build(settings, checkout) as free:
+                if free:  # removed while holding the lock: no build can start on it meanwhile
+                    remove(_owner(checkout), checkout)
+                    removed.append(checkout)
+        except Exception as exc:  # tried again at the next sweep; the others go on
+            log.warning("setup checkout %s could not be removed: %s", checkout, exc)
     if removed:
         log.info("removed %d setup checkouts of killed builds", len(removed))
     return removed

@@ -137,9 +137,12 @@ def run_sweep(db: Database, settings: Settings) -> list[str]:
     purge_delivered_messages(settings)
     try:
         clear_ended(db, settings)
-        clear_setups(settings)
     except Exception:
         log.warning("the worktrees of ended jobs could not be looked at", exc_info=True)
+    try:
+        clear_setups(settings)
+    except Exception:
+        log.warning("the setup checkouts could not be looked at", exc_info=True)
     return recovered
 
 

@@ -89,18 +89,18 @@ JobArg = Annotated[str, typer.Argument(help="The job id.", metavar="JOB_ID")]
 def guarded(work: Callable[[], T]) -> T:
     """Run a command's work; a MerlinError is printed and exits with its code.
 
-    A database error no retry rode out (an outage, a server fault) is printed in one
-    line and exits 1: the command's own transaction was rolled back.
+    An error of the database server or its connection that no retry rode out (an
+    outage, a server fault) is printed in one line and exits 1.
     """
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.exc import DBAPIError
 
     try:
         return work()
     except MerlinError as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
-    except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+    except DBAPIError as exc:
+        reason = (str(exc.orig or exc).splitlines() or [type(exc).__name__])[0]
         err_console.print(f"[red]error:[/] the database failed: {escape(reason)}", highlight=False)
         raise typer.Exit(1) from None
 

@@ -40,7 +40,7 @@ def enqueue(db: Database, job_id: str) -> None:
     try:
         enqueue_job(db, job_id)
     except (SQLAlchemyError, *PUBLISH_ERRORS) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
         err_console.print(
             f"[yellow]warning: job {job_id} is recorded, but its tasks could not be "
             f"published ({escape(reason)}): a worker's recovery sweep will publish them "

@@ -24,7 +24,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 
-from merlin_flow.errors import StoreError
+from merlin_flow.errors import RecordInDoubt, StoreError
 from merlin_flow.redaction import Redactor, current_redactor
 from merlin_flow.resources import resource_dir
 
@@ -221,37 +221,60 @@ def _patiently(read: Callable[[], T]) -> T:
 
 
 def write_patiently(
-    db: Database, write: Callable[[Session], None], landed: Callable[[Session], bool]
+    db: Database, write: Callable[[Session], None], landed: Callable[[Session], bool], what: str
 ) -> None:
-    """Run ``write`` in one transaction, again after each of OPEN_RETRY_DELAYS while cut.
+    """Run ``write`` (recording ``what``) in one transaction; again while its connection is cut.
 
     A connection cut during the commit leaves it unknown whether the commit landed, so
-    after each cut ``landed`` looks (for a row the write adds, by its key): a write is
-    never done twice. StoreError when the last try is cut too.
+    after a cut ``landed`` looks (for a row the write adds, by its key), and ``write``
+    runs again only once ``landed`` said no: ``what`` is never recorded twice. Tries are
+    OPEN_RETRY_DELAYS apart. StoreError when the last try was cut and did not land;
+    RecordInDoubt when the last look was cut too (it may have landed).
     """
     tries = (*OPEN_RETRY_DELAYS, OPEN_RETRY_DELAYS[-1])
-    for delay in tries:
-        try:
-            with db.session() as session:
-                write(session)
-            return
-        except DBAPIError as exc:
-            if not _is_cut(exc):
-                raise
-            cut = exc
+    in_doubt = False  # a try was cut, and no look since has answered
+    for number, delay in enumerate(tries):
+        if not in_doubt:
+            try:
+                with db.session() as session:
+                    write(session)
+                return
+            except DBAPIError as exc:
+                if not _is_cut(exc):
+                    if number and _landed(db, landed):  # an earlier commit, landed late
+                        return
+                    raise
+                cut = exc
         logging.getLogger(__name__).warning("database connection lost while writing")
         time.sleep(delay)
         try:
             with db.reader() as session:
                 if landed(session):
                     return
+            in_doubt = False
         except DBAPIError as again:
             if not _is_cut(again):
                 raise
+            cut, in_doubt = again, True
+    if in_doubt:
+        raise RecordInDoubt(
+            f"the connection to the database {db.engine.url!r} was lost while {what} was "
+            f"recorded, and it is not known whether it was ({cut.orig}); "
+            "`merlin status` tells once the database answers"
+        )
     raise StoreError(
         f"cannot use the database {db.engine.url!r}: its connection was lost "
         f"{len(tries)} times in a row ({cut.orig})"
     )
+
+
+def _landed(db: Database, landed: Callable[[Session], bool]) -> bool:
+    """``landed``, looked at once; False when the look fails too."""
+    try:
+        with db.reader() as session:
+            return landed(session)
+    except SQLAlchemyError:
+        return False
 
 
 def _upgrade_sqlite_once(db: Database) -> None:

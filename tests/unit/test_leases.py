@@ -212,3 +212,15 @@ def test_a_killed_process_of_this_pid_space_is_gone_at_once() -> None:
     for other in (f"{host}/ffffffff:{child.pid}:x:w", f"{host}:{child.pid}:x", "", None):
         assert not process_gone(other), other
     assert not process_gone(QUEUED)
+
+
+def test_a_process_this_one_may_not_signal_or_see_is_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Another user's worker under a /proc mounted hidepid=2: kill(pid, 0) is refused and
+    # its /proc entry is hidden. It runs: never taken for gone.
+    from merlin_flow import leases
+
+    def refused(pid: int, signal: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(leases.os, "kill", refused)
+    assert not process_gone(f"{HOST}:999999:0a1b2c3d:w1@box")

@@ -174,7 +174,7 @@ def test_a_write_whose_commit_landed_unseen_is_not_done_again(db: Database) -> N
         lost = Exception("server closed the connection unexpectedly")
         raise OperationalError("COMMIT", {}, lost)  # ...and its answer is lost
 
-    database.write_patiently(db, write, lambda session: session.get(Job, "landed") is not None)
+    database.write_patiently(db, write, lambda s: s.get(Job, "landed") is not None, "job landed")
     assert (len(tries), _jobs(db)) == (1, 1)
 
 
@@ -195,5 +195,63 @@ def test_a_write_cut_every_time_says_the_database_cannot_be_used(
         raise OperationalError("INSERT", {}, Exception("server closed the connection"))
 
     with pytest.raises(StoreError, match=r"cannot use the database .* lost 4 times in a row"):
-        database.write_patiently(db, write, lambda session: False)
+        database.write_patiently(db, write, lambda session: False, "job x")
     assert len(tries) == 4
+
+
+def _lost(statement: str) -> Exception:
+    from sqlalchemy.exc import OperationalError
+
+    return OperationalError(statement, {}, Exception("server closed the connection"))
+
+
+def test_a_write_whose_every_look_is_cut_is_in_doubt_and_never_written_twice(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sqlalchemy.orm import Session
+
+    from merlin_flow.errors import RecordInDoubt
+    from merlin_flow.store import database
+
+    monkeypatch.setattr(database, "OPEN_RETRY_DELAYS", (0.0, 0.0, 0.0))
+    writes, looks = [], []
+
+    def write(session: Session) -> None:
+        writes.append(1)
+        raise _lost("COMMIT")
+
+    def landed(session: Session) -> bool:
+        looks.append(1)
+        raise _lost("SELECT")
+
+    with pytest.raises(RecordInDoubt, match="not known whether it was") as caught:
+        database.write_patiently(db, write, landed, "job abc")
+    assert "job abc" in str(caught.value)
+    assert (len(writes), len(looks)) == (1, 4)  # looked again and again, never wrote again
+
+
+def test_a_commit_that_lands_late_is_taken_for_landed(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Cut; a look finds nothing; the retry then collides with the first commit, which
+    # landed meanwhile (a duplicate key): it landed, the retry's error is not raised.
+    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.orm import Session
+
+    from merlin_flow.store import database
+
+    monkeypatch.setattr(database, "OPEN_RETRY_DELAYS", (0.0, 0.0, 0.0))
+    answers = [False, True]
+    looks: list[bool] = []
+
+    def write(session: Session) -> None:
+        if not looks:
+            raise _lost("COMMIT")
+        raise IntegrityError("INSERT", {}, Exception("duplicate key value"))
+
+    def landed(session: Session) -> bool:
+        looks.append(answers[len(looks)])
+        return looks[-1]
+
+    database.write_patiently(db, write, landed, "job abc")
+    assert looks == [False, True]
