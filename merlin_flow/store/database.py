@@ -241,21 +241,16 @@ def write_patiently(
                 return
             except DBAPIError as exc:
                 if not _is_cut(exc):
-                    if number and _landed(db, landed):  # an earlier commit, landed late
+                    if number and _look(db, landed):  # an earlier commit, landed late
                         return
                     raise
                 cut = exc
         logging.getLogger(__name__).warning("database connection lost while writing")
         time.sleep(delay)
-        try:
-            with db.reader() as session:
-                if landed(session):
-                    return
-            in_doubt = False
-        except DBAPIError as again:
-            if not _is_cut(again):
-                raise
-            cut, in_doubt = again, True
+        seen = _look(db, landed)
+        if seen:
+            return
+        in_doubt = seen is None
     if in_doubt:
         raise RecordInDoubt(
             f"the connection to the database {db.engine.url!r} was lost while {what} was "
@@ -268,13 +263,15 @@ def write_patiently(
     )
 
 
-def _landed(db: Database, landed: Callable[[Session], bool]) -> bool:
-    """``landed``, looked at once; False when the look fails too."""
+def _look(db: Database, landed: Callable[[Session], bool]) -> bool | None:
+    """Whether the write landed (``landed``); None when the look's connection is cut too."""
     try:
         with db.reader() as session:
             return landed(session)
-    except SQLAlchemyError:
-        return False
+    except DBAPIError as exc:
+        if not _is_cut(exc):
+            raise
+        return None
 
 
 def _upgrade_sqlite_once(db: Database) -> None:
