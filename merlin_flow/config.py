@@ -143,7 +143,7 @@ class Limits(BaseModel):
 
 
 class Routing(BaseModel):
-    """Which tier a step starts on, by its complexity (see merlin_flow.routing)."""
+    """Which tier a step starts on, by its complexity (see merlin_flow.planning.routing)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
@@ -379,7 +379,7 @@ def load_config(
     try:
         config = MerlinConfig.model_validate(data)
         if "permissions" in user:
-            from merlin_flow.permissions import merge_rules
+            from merlin_flow.tools.permissions import merge_rules
 
             where, prefix = user_file, ["permissions"]
             mine = PermissionRules.model_validate(user["permissions"])
@@ -398,7 +398,7 @@ def load_config(
 
 def check_scripted_files(config: MerlinConfig) -> None:
     """Raise ConfigError when a scripted tier's script is missing or invalid."""
-    from merlin_flow.scripted import load_script
+    from merlin_flow.models.scripted import load_script
 
     for tier in config.tiers:
         if tier.is_scripted:

@@ -1,9 +1,9 @@
 """The `[permissions]`, `[agents]` and `[mcp_servers.NAME]` sections of ``merlin.toml``.
 
 They say what a step's agent may do and with what: the rules every tool call and command
-is checked against (``merlin_flow.permissions``), which agent a step gets
-(``merlin_flow.agent_files``), and the MCP servers whose tools join the built-in ones
-(``merlin_flow.mcp_tools``). ``MerlinConfig`` holds one of each. ``refuse_loosening``
+is checked against (``merlin_flow.tools.permissions``), which agent a step gets
+(``merlin_flow.agents.definitions``), and the MCP servers whose tools join the built-in ones
+(``merlin_flow.tools.mcp``). ``MerlinConfig`` holds one of each. ``refuse_loosening``
 says what a repository's own file may not set.
 """
 
@@ -45,7 +45,7 @@ class PermissionRules(BaseModel):
     @classmethod
     def _valid_rules(cls, rules: list[str]) -> list[str]:
         if rules:
-            from merlin_flow.permissions import parse_rule
+            from merlin_flow.tools.permissions import parse_rule
 
             for rule in rules:
                 parse_rule(rule)  # ValueError naming the rule and what is wrong with it

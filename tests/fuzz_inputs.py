@@ -628,7 +628,7 @@ def native_tool_calls(draw: st.DrawFn) -> Any:
 
 @st.composite
 def text_calls(draw: st.DrawFn) -> str:
-    """Tool calls written as text, in every format ``merlin_flow.tool_text`` reads."""
+    """Tool calls written as text, in every format ``merlin_flow.tools.text_calls`` reads."""
     name = draw(st.one_of(st.sampled_from(TOOL_NAMES), odd_text))
     args = _arguments_as_written(draw)
     args_json = args if isinstance(args, str) else json.dumps(args)
@@ -840,14 +840,14 @@ def _repo_beside(base: Path) -> Path:
 
 def check_rule(text: str) -> None:
     """``parse_rule``: a Rule or a ValueError naming the rule."""
-    from merlin_flow.permissions import parse_rule
+    from merlin_flow.tools.permissions import parse_rule
 
     expect("parse_rule", lambda: parse_rule(text), (ValueError,))
 
 
 def check_text_calls(content: Any) -> None:
     """``text_tool_calls`` never raises, and returns well-shaped calls of known tools."""
-    from merlin_flow.tool_text import text_tool_calls
+    from merlin_flow.tools.text_calls import text_tool_calls
 
     try:
         calls = text_tool_calls(content, TOOL_NAMES)
@@ -862,7 +862,7 @@ def check_text_calls(content: Any) -> None:
 
 def _toolbox(root: Path) -> Any:
     from merlin_flow.config import Sandbox
-    from merlin_flow.tools import Toolbox
+    from merlin_flow.tools.toolbox import Toolbox
 
     (root / "a.txt").write_text("one\ntwo\n")
     (root / ".git").mkdir(exist_ok=True)
@@ -885,10 +885,10 @@ def check_toolbox_call(name: Any, arguments: Any) -> None:
 
 def check_converse(replies: list[Any]) -> None:
     """``converse`` over fuzzed replies: a result or an AgentError, nothing else."""
-    from merlin_flow.agent import converse
+    from merlin_flow.agents.loop import converse
     from merlin_flow.config import Limits, Tier
     from merlin_flow.errors import AgentError
-    from merlin_flow.llm import Completion
+    from merlin_flow.models.llm import Completion
 
     tier = Tier(name="fuzz", model="openai/fuzz")
 
@@ -916,7 +916,7 @@ def check_converse(replies: list[Any]) -> None:
 
 def check_agent_file(doc: Document, scope: str) -> None:
     """``parse_agent_file``: a definition or an AgentFileError, in a project or user scope."""
-    from merlin_flow.agent_files import AgentScope, parse_agent_file
+    from merlin_flow.agents.definitions import AgentScope, parse_agent_file
     from merlin_flow.errors import AgentFileError
 
     with tempfile.TemporaryDirectory() as folder:
@@ -981,7 +981,7 @@ def shell_commands(draw: st.DrawFn) -> str:
 
 def check_shell(command: str) -> None:
     """``split_command``: the simple commands, or a ValueError saying why not."""
-    from merlin_flow.shell_commands import split_command
+    from merlin_flow.tools.shell_commands import split_command
 
     expect("split_command", lambda: split_command(command), (ValueError,))
 

@@ -1,4 +1,4 @@
-"""A small MCP server for the tests of ``merlin_flow.mcp_tools``, on the SDK's MCPServer.
+"""A small MCP server for the tests of ``merlin_flow.tools.mcp``, on the SDK's MCPServer.
 
 Its tools:
 

@@ -19,8 +19,8 @@ from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 from kombu import Exchange, Queue
 
-from merlin_flow.leases import set_worker_name
-from merlin_flow.llm import preload
+from merlin_flow.engine.leases import set_worker_name
+from merlin_flow.models.llm import preload
 from workers.sweeper import Sweeper
 from workers.tasks import ALL_QUEUES, runtime
 

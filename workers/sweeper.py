@@ -1,10 +1,10 @@
 """The recovery sweeper thread every worker runs, plus the embedded broker's purge.
 
-The same thread writes the worker's beat (``merlin_flow.presence``) before each sweep,
+The same thread writes the worker's beat (``merlin_flow.engine.presence``) before each sweep,
 and reads which step messages the broker holds (``broker_messages``), so that the sweep
-notices a queued step whose message was lost within seconds (``merlin_flow.recovery``).
+notices a queued step whose message was lost within seconds (``merlin_flow.engine.recovery``).
 Each sweep also removes what this machine's workers left in its ``MERLIN_HOME`` for
-jobs that have ended (``merlin_flow.worktree_cleanup``), whichever machine ended them,
+jobs that have ended (``merlin_flow.workspace.worktree_cleanup``), whichever machine ended them,
 and the checkouts of environment builds whose worker was killed.
 """
 
@@ -19,11 +19,11 @@ from typing import Any
 
 from sqlalchemy import create_engine, inspect, text
 
-from merlin_flow.presence import beat, leave
-from merlin_flow.recovery import Messages, grace, sweep
+from merlin_flow.engine.presence import beat, leave
+from merlin_flow.engine.recovery import Messages, grace, sweep
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.worktree_cleanup import clear_ended, clear_setups
+from merlin_flow.workspace.worktree_cleanup import clear_ended, clear_setups
 from workers.canvas import enqueue_job
 from workers.tasks import ALL_QUEUES, STEP_TASK, VERIFY_TASK
 
@@ -124,7 +124,7 @@ def run_sweep(db: Database, settings: Settings) -> list[str]:
     """One sweep: re-enqueue lost steps, purge delivered rows, clear ended jobs' worktrees.
 
     Lost steps are those of lost workers and lost messages; the worktrees are this
-    machine's (``merlin_flow.worktree_cleanup``). A failure of the last is only logged.
+    machine's (``merlin_flow.workspace.worktree_cleanup``). A failure of the last is only logged.
     """
     recovered = sweep(
         db,

@@ -1,8 +1,8 @@
 """The three Celery tasks of a job: step, verify and finalize.
 
 Messages carry a job id and a step key only; each task loads its rows and does what the
-database says is left (``merlin_flow.attempt``, ``merlin_flow.verdict``,
-``merlin_flow.lifecycle``). Which queue a task goes to is stated once, in ``QUEUES``,
+database says is left (``merlin_flow.engine.attempt``, ``merlin_flow.engine.verdict``,
+``merlin_flow.engine.lifecycle``). Which queue a task goes to is stated once, in ``QUEUES``,
 and applied by the app's ``task_routes`` (``workers.app``).
 
 A verify that passes its step publishes a chain for each step the pass let start, and
@@ -26,16 +26,16 @@ from celery import chain, shared_task, signature
 from celery.exceptions import Ignore
 from sqlalchemy.exc import DBAPIError
 
-from merlin_flow.attempt import execute_step
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.leases import new_token
+from merlin_flow.engine.lifecycle import Dispatch, Outcome, TaskName, fail_job, finalize_job
+from merlin_flow.engine.verdict import verify_step
 from merlin_flow.errors import RemoteUnavailable
-from merlin_flow.leases import new_token
-from merlin_flow.lifecycle import Dispatch, Outcome, TaskName, fail_job, finalize_job
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import (
     Database,
     open_database,
 )
-from merlin_flow.verdict import verify_step
 from workers.results import (
     StepFailed,
     StepState,

@@ -18,7 +18,7 @@ from merlin_flow.cli.common import console, err_console
 from merlin_flow.errors import InputError, MerlinError
 
 if TYPE_CHECKING:
-    from merlin_flow.agent_files import AgentCatalog, AgentDefinition, AgentScope
+    from merlin_flow.agents.definitions import AgentCatalog, AgentDefinition, AgentScope
 
 
 class WritableScope(StrEnum):
@@ -108,7 +108,7 @@ def home() -> Path:
 
 def load_catalog(repo: str) -> tuple[Path, AgentCatalog]:
     """The repository's root, and every agent of the three scopes as seen from it."""
-    from merlin_flow.agent_files import load_agents
+    from merlin_flow.agents.definitions import load_agents
 
     root = project_root(repo)
     return root, load_agents(root, home())
@@ -116,7 +116,7 @@ def load_catalog(repo: str) -> tuple[Path, AgentCatalog]:
 
 def folder(scope: AgentScope | WritableScope, root: Path) -> Path:
     """The folder of ``scope``'s agent files."""
-    from merlin_flow.agent_files import AgentScope, agent_dir
+    from merlin_flow.agents.definitions import AgentScope, agent_dir
 
     return agent_dir(AgentScope(scope.value), root, home())
 

@@ -1,9 +1,9 @@
 """``merlin agents``: the agent files in effect, shown, created, edited, removed, installed, run.
 
-Agents are Markdown files with YAML front matter (``merlin_flow.agent_files``): the
+Agents are Markdown files with YAML front matter (``merlin_flow.agents.definitions``): the
 project's in ``<repo>/.merlin/agents/``, the user's in ``$MERLIN_HOME/agents/``, and the
 builtin starter agents. Only the project and user scopes are written to. ``run`` works
-one step with an agent as ``merlin run`` works a job (``merlin_flow.agent_runs``).
+one step with an agent as ``merlin run`` works a job (``merlin_flow.jobs.agent_runs``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from merlin_flow.cli.common import Command, ConfigOption, JsonOption, console, g
 from merlin_flow.errors import InputError, MerlinError
 
 if TYPE_CHECKING:
-    from merlin_flow.agent_runs import Preview
+    from merlin_flow.jobs.agent_runs import Preview
     from merlin_flow.tasklist import TaskList
 
 agents_app = typer.Typer(
@@ -69,7 +69,7 @@ def list_agents(
     def work() -> None:
         from rich.table import Table
 
-        from merlin_flow.delegation import ranked
+        from merlin_flow.agents.delegation import ranked
 
         _, catalog = load_catalog(repo)
         agents = sorted(catalog.agents.values(), key=lambda agent: agent.name)
@@ -149,7 +149,7 @@ def create(
     def work() -> None:
         import yaml
 
-        from merlin_flow.agent_files import NAME, AgentScope
+        from merlin_flow.agents.definitions import NAME, AgentScope
 
         if not NAME.fullmatch(name):
             raise InputError(
@@ -196,7 +196,7 @@ def edit(name: NameArg, scope: ScopeOption = None, repo: RepoOption = ".") -> No
         import shlex
         import subprocess
 
-        from merlin_flow.agent_files import AgentScope, parse_agent_file
+        from merlin_flow.agents.definitions import AgentScope, parse_agent_file
 
         root, catalog = load_catalog(repo)
         files = files_of(name, root, catalog, scope)
@@ -235,7 +235,7 @@ def remove(name: NameArg, scope: ScopeOption = None, repo: RepoOption = ".") -> 
     """
 
     def work() -> None:
-        from merlin_flow.agent_files import load_agents
+        from merlin_flow.agents.definitions import load_agents
 
         root, catalog = load_catalog(repo)
         files = files_of(name, root, catalog, scope)
@@ -273,7 +273,7 @@ def init(
     """
 
     def work() -> None:
-        from merlin_flow.agent_files import AgentScope
+        from merlin_flow.agents.definitions import AgentScope
 
         root = project_root(repo)
         target = folder(scope or WritableScope.PROJECT, root)
@@ -317,8 +317,8 @@ def run(
     """
 
     def work() -> None:
-        from merlin_flow.agent_runs import one_step_tasklist, preview
         from merlin_flow.config import load_config
+        from merlin_flow.jobs.agent_runs import one_step_tasklist, preview
 
         root, catalog = load_catalog(repo)
         agent = catalog.get(name)
@@ -340,7 +340,7 @@ def _run_job(root: Path, tasklist: TaskList, config: Path | None, as_json: bool)
     from merlin_flow.cli.common import state
     from merlin_flow.cli.following import finish, run_embedded
     from merlin_flow.cli.starting import _warn_when_unconfined
-    from merlin_flow.submission import submit_job
+    from merlin_flow.jobs.submission import submit_job
 
     settings, db = state()
     submission = submit_job(db, settings, tasklist, str(root), config, works_here=True)

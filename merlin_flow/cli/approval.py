@@ -30,8 +30,8 @@ from merlin_flow.cli.common import (
 from merlin_flow.errors import InputError
 
 if TYPE_CHECKING:
-    from merlin_flow.jobs import JobView
-    from merlin_flow.requesting import RequestSubmission
+    from merlin_flow.jobs.requesting import RequestSubmission
+    from merlin_flow.jobs.views import JobView
     from merlin_flow.settings import Settings
     from merlin_flow.store import Database
     from merlin_flow.tasklist import TaskList
@@ -70,7 +70,7 @@ def tasklist_file(argument: str) -> Path | None:
 
 def needs_review(request: str, yes: bool) -> bool:
     """A request whose plan must be approved before it runs (a planned one, without --yes)."""
-    from merlin_flow.requests import RequestKind, classify
+    from merlin_flow.planning.requests import RequestKind, classify
 
     return not yes and classify(request).kind is RequestKind.PLANNED
 
@@ -84,8 +84,8 @@ def submit_request_here(
     check_tiers: bool = True,
 ) -> tuple[Database, Settings, RequestSubmission]:
     """Plan the request here (printing that it does), approving it when ``yes``."""
-    from merlin_flow.requesting import submit_request, user_name
-    from merlin_flow.requests import RequestKind, classify
+    from merlin_flow.jobs.requesting import submit_request, user_name
+    from merlin_flow.planning.requests import RequestKind, classify
 
     settings, db = state()
     kind = classify(request).kind
@@ -108,7 +108,7 @@ def submit_request_here(
 
 def show_answer(db: Database, job_id: str, as_json: bool) -> None:
     """Print a question's answer (or why there is none); exit 1 without one."""
-    from merlin_flow.jobs import job_view
+    from merlin_flow.jobs.views import job_view
 
     view = job_view(db, job_id)
     if as_json:
@@ -162,7 +162,7 @@ def describe_request(db: Database, view: JobView) -> None:
 
 def review(db: Database, settings: Settings, job_id: str) -> bool:
     """Show the plan and ask: approve, edit, reject. True once approved."""
-    from merlin_flow.requesting import approve_job, reject_job
+    from merlin_flow.jobs.requesting import approve_job, reject_job
 
     show_plan(db, job_id)
     edited: TaskList | None = None
@@ -231,7 +231,7 @@ def approve(
             stop_waiting_on_interrupt,
             warn_if_no_worker,
         )
-        from merlin_flow.requesting import approve_job
+        from merlin_flow.jobs.requesting import approve_job
 
         settings, db = state()
         approve_job(db, settings, job_id)
@@ -253,7 +253,7 @@ def reject(job_id: JobArg) -> None:
     """Reject a planned job's plan: the job ends as rejected, and nothing runs."""
 
     def work() -> None:
-        from merlin_flow.requesting import reject_job
+        from merlin_flow.jobs.requesting import reject_job
 
         _, db = state()
         reject_job(db, job_id)

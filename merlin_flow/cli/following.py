@@ -19,7 +19,7 @@ from rich.markup import escape
 from merlin_flow.cli.common import T, console, err_console, rule
 
 if TYPE_CHECKING:
-    from merlin_flow.jobs import JobView
+    from merlin_flow.jobs.views import JobView
     from merlin_flow.store import Database
     from workers.roles import EmbeddedWorker
 
@@ -124,8 +124,8 @@ def _decide(on_interrupt: OnInterrupt, job_id: str) -> OnInterrupt:
 
 def _cancel_here(db: Database, job_id: str, worker: EmbeddedWorker) -> None:
     """Cancel the job and wait for this process's worker to stop its step."""
-    from merlin_flow.control import cancel_job
     from merlin_flow.errors import InputError
+    from merlin_flow.jobs.control import cancel_job
     from merlin_flow.settings import get_settings
 
     try:
@@ -181,8 +181,8 @@ def stop_waiting_on_interrupt(job_id: str) -> Iterator[None]:
 
 def no_worker_notice(db: Database, job_id: str | None = None) -> str | None:
     """What to say when no live worker serves merlin's queues (None for an ended job)."""
-    from merlin_flow.jobs import job_view
-    from merlin_flow.presence import no_worker_notice as notice
+    from merlin_flow.engine.presence import no_worker_notice as notice
+    from merlin_flow.jobs.views import job_view
     from merlin_flow.settings import get_settings
     from workers.tasks import ALL_QUEUES
 
@@ -211,8 +211,8 @@ def finish(
     Unless a worker runs in this process (``workers_here``), warn first when no worker
     serves the queues.
     """
-    from merlin_flow.jobs import job_diff
-    from merlin_flow.reports import junit_xml, write_atomically
+    from merlin_flow.jobs.reports import junit_xml, write_atomically
+    from merlin_flow.jobs.views import job_diff
     from merlin_flow.settings import get_settings
     from merlin_flow.store.status import JobStatus
 
@@ -239,7 +239,7 @@ def follow(db: Database, job_id: str, quiet: bool) -> JobView:
     """Wait for the job to end, with live progress unless ``quiet``; its final view."""
     from merlin_flow.cli.render import follow as follow_live
     from merlin_flow.cli.render import steps_table
-    from merlin_flow.jobs import events_since, job_view, last_tool_calls
+    from merlin_flow.jobs.views import events_since, job_view, last_tool_calls
 
     if quiet:
         return _wait_quietly(db, job_id)
@@ -259,7 +259,7 @@ def follow_logs(db: Database, job_id: str, step_key: str | None, poll: float = 0
     import time
 
     from merlin_flow.cli.render import attempt_footer, attempt_header, message_lines
-    from merlin_flow.jobs import job_logs, job_view
+    from merlin_flow.jobs.views import job_logs, job_view
     from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES
 
     shown: dict[tuple[str, int], int] = {}  # messages printed, per (step, attempt)
@@ -295,7 +295,7 @@ def show_diff(db: Database, job_id: str) -> None:
     """Print the job's patch, highlighted."""
     from rich.syntax import Syntax
 
-    from merlin_flow.jobs import job_view
+    from merlin_flow.jobs.views import job_view
 
     view = job_view(db, job_id)
     if not (view["patch"] and Path(view["patch"]).is_file()):
@@ -311,7 +311,7 @@ def show_diff(db: Database, job_id: str) -> None:
 def _wait_quietly(db: Database, job_id: str) -> JobView:
     import time
 
-    from merlin_flow.jobs import job_view
+    from merlin_flow.jobs.views import job_view
 
     while (view := job_view(db, job_id))["finished_at"] is None:
         time.sleep(0.3)

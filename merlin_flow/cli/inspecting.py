@@ -27,7 +27,7 @@ def status(
 
     def work() -> None:
         from merlin_flow.cli.render import steps_table
-        from merlin_flow.jobs import job_view
+        from merlin_flow.jobs.views import job_view
 
         _, db = state()
         view = job_view(db, job_id)
@@ -58,7 +58,7 @@ def list_(as_json: JsonOption = False) -> None:
 
     def work() -> None:
         from merlin_flow.cli.render import jobs_table
-        from merlin_flow.jobs import list_jobs
+        from merlin_flow.jobs.views import list_jobs
 
         _, db = state()
         jobs = list_jobs(db)
@@ -77,7 +77,7 @@ def watch(job_id: JobArg) -> None:
     """
 
     def work() -> None:
-        from merlin_flow.jobs import job_status
+        from merlin_flow.jobs.views import job_status
 
         _, db = state()
         status = job_status(db, job_id)  # an unknown job: an input error, nothing drawn
@@ -107,7 +107,7 @@ def logs(
 
     def work() -> None:
         from merlin_flow.cli.render import attempt_log
-        from merlin_flow.jobs import job_logs
+        from merlin_flow.jobs.views import job_logs
 
         _, db = state()
         if follow_:
@@ -140,7 +140,7 @@ def costs(
 
     def work() -> None:
         from merlin_flow.cli.render import costs_since_table, job_costs_tables
-        from merlin_flow.costs import CostsSince, JobCosts, costs_since, job_costs, parse_since
+        from merlin_flow.jobs.costs import CostsSince, JobCosts, costs_since, job_costs, parse_since
 
         if (job_id is None) == (since is None):
             raise InputError("give a JOB id or --since (like --since 7d): one of the two")
@@ -178,9 +178,9 @@ def doctor(
         from rich.text import Text
 
         from merlin_flow.config import load_config
-        from merlin_flow.doctor import Verdict, run_checks
-        from merlin_flow.git import find_repository
+        from merlin_flow.jobs.doctor import Verdict, run_checks
         from merlin_flow.settings import get_settings
+        from merlin_flow.workspace.git import find_repository
 
         top = find_repository(repo) if repo is not None else None
         settings = get_settings()

@@ -36,7 +36,7 @@ def worker(
     """Run a Celery worker for merlin's queues."""
     import uuid
 
-    from merlin_flow.sandbox import sandbox_problem
+    from merlin_flow.workspace.sandbox import sandbox_problem
     from workers.app import app as celery_app
     from workers.roles import declare_queues
 
@@ -129,8 +129,8 @@ def cancel(job_id: JobArg) -> None:
     """Cancel a job: pending steps never start, the running step stops at its next turn."""
 
     def work() -> None:
-        from merlin_flow.control import cancel_job
-        from merlin_flow.jobs import job_view
+        from merlin_flow.jobs.control import cancel_job
+        from merlin_flow.jobs.views import job_view
 
         settings, db = state()
         cancel_job(db, settings, job_id)

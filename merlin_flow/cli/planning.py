@@ -46,12 +46,12 @@ def plan(
 
         from merlin_flow.config import load_config
         from merlin_flow.errors import InputError
-        from merlin_flow.plan_reading import to_tasklist
-        from merlin_flow.planner import make_plan, plan_json
-        from merlin_flow.reports import write_atomically
-        from merlin_flow.repository import refusals_as_input_errors, repository_for_input
-        from merlin_flow.requesting import plan_record, request_context
+        from merlin_flow.jobs.reports import write_atomically
+        from merlin_flow.jobs.requesting import plan_record, request_context
+        from merlin_flow.planning.planner import make_plan, plan_json
+        from merlin_flow.planning.reading import to_tasklist
         from merlin_flow.settings import get_settings
+        from merlin_flow.workspace.repository import refusals_as_input_errors, repository_for_input
 
         if not request.strip():
             raise InputError("the request is empty: say what to do")
@@ -95,7 +95,7 @@ def plan_table(
     from rich.table import Table
     from rich.text import Text
 
-    from merlin_flow.routing import start_tier
+    from merlin_flow.planning.routing import start_tier
 
     if record.get("kind") == "question" or tasklist is None:
         return Text(f"a question ({record.get('reason')}): it is answered, not planned")
@@ -147,9 +147,9 @@ def plan_table(
 def _project_specs(repo: str, config: Path | None) -> tuple[list[Any], Any]:
     """The specs at the repository's HEAD, and its configuration."""
     from merlin_flow.config import load_config
-    from merlin_flow.repository import refusals_as_input_errors, repository_for_input
+    from merlin_flow.planning.specs import load_specs
     from merlin_flow.settings import get_settings
-    from merlin_flow.specs import load_specs
+    from merlin_flow.workspace.repository import refusals_as_input_errors, repository_for_input
 
     repository = repository_for_input(repo, get_settings())
     with refusals_as_input_errors(repository):
@@ -173,7 +173,7 @@ def specs_list(
     def work() -> None:
         from rich.table import Table
 
-        from merlin_flow.specs import ranked
+        from merlin_flow.planning.specs import ranked
 
         specs, merlin_config = _project_specs(repo, config)
         rows = ranked(for_, specs) if for_ else [(spec, 0.0) for spec in specs]

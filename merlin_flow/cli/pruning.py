@@ -47,8 +47,8 @@ def prune(
     def work() -> None:
         from rich.table import Table
 
-        from merlin_flow.pruning import parse_age
-        from merlin_flow.pruning import prune as prune_jobs
+        from merlin_flow.jobs.pruning import parse_age
+        from merlin_flow.jobs.pruning import prune as prune_jobs
 
         age = parse_age(older_than)
         settings, db = state()

@@ -16,9 +16,16 @@ from rich.text import Text
 from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES, AttemptStatus, JobStatus, StepStatus
 
 if TYPE_CHECKING:
-    from merlin_flow.costs import CostsSince, JobCosts
-    from merlin_flow.jobs import AttemptView, EventView, JobListEntry, JobView, LogEntry, StepView
-    from merlin_flow.replay import ReplayReport
+    from merlin_flow.jobs.costs import CostsSince, JobCosts
+    from merlin_flow.jobs.replay import ReplayReport
+    from merlin_flow.jobs.views import (
+        AttemptView,
+        EventView,
+        JobListEntry,
+        JobView,
+        LogEntry,
+        StepView,
+    )
 
 STATUS_STYLE: dict[str, str] = {
     StepStatus.COMPLETED: "green",
@@ -297,7 +304,7 @@ def money(row: Mapping[str, Any]) -> str:
     """A row's cost: `$0.0123`, `unknown`, or `≥$0.0123 (+2 unpriced calls)`.
 
     `unknown` when no call was priced, the `≥` form when some were not
-    (``merlin_flow.costs`` gives every row ``known_cost_usd`` and ``unpriced_calls``).
+    (``merlin_flow.jobs.costs`` gives every row ``known_cost_usd`` and ``unpriced_calls``).
     """
     unpriced = row.get("unpriced_calls", 0)
     known = row.get("known_cost_usd", row.get("cost_usd")) or 0.0

@@ -54,9 +54,9 @@ from merlin_flow.cli.following import (
 from merlin_flow.errors import InputError
 
 if TYPE_CHECKING:
+    from merlin_flow.jobs.submission import Submission
     from merlin_flow.settings import Settings
     from merlin_flow.store import Database
-    from merlin_flow.submission import Submission
 
 
 def _submit(
@@ -71,10 +71,10 @@ def _submit(
 
     Celery is imported first, so that the job's messages follow its commit within
     milliseconds: the recovery sweep takes a step queued for long with no message for
-    lost (``merlin_flow.recovery.grace``).
+    lost (``merlin_flow.engine.recovery.grace``).
     """
     import workers.app  # noqa: F401
-    from merlin_flow.submission import submit_job
+    from merlin_flow.jobs.submission import submit_job
 
     settings, db = state()
     submission = submit_job(
@@ -86,7 +86,7 @@ def _submit(
 
 def _warn_when_unconfined(submission: Submission) -> None:
     from merlin_flow.config import SandboxMode
-    from merlin_flow.sandbox import SANDBOX_OFF_WARNING
+    from merlin_flow.workspace.sandbox import SANDBOX_OFF_WARNING
 
     if submission.config.sandbox.mode is SandboxMode.NONE:
         err_console.print(f"[yellow]{escape(SANDBOX_OFF_WARNING)}[/]", highlight=False)
@@ -119,7 +119,7 @@ def run(
     """
 
     def work() -> None:
-        from merlin_flow.submission import check_budget
+        from merlin_flow.jobs.submission import check_budget
 
         check_report_paths(junit, patch)
         check_budget(budget)
@@ -129,8 +129,8 @@ def run(
         else:
             if needs_review(tasklist, yes) and not on_a_terminal():
                 raise InputError(NEEDS_APPROVAL)
-            from merlin_flow.sandbox import check_sandbox
             from merlin_flow.store.status import JobStatus
+            from merlin_flow.workspace.sandbox import check_sandbox
 
             db, settings, made = submit_request_here(tasklist, repo, config, budget, yes)
             job_id = made.job_id
@@ -182,7 +182,7 @@ def submit(
     def work() -> None:
         if (junit or patch) and not wait:
             raise InputError("--junit and --patch are written when the job ends: add --wait")
-        from merlin_flow.submission import check_budget
+        from merlin_flow.jobs.submission import check_budget
 
         check_report_paths(junit, patch)
         check_budget(budget)
@@ -219,8 +219,8 @@ def submit(
 
 def _plan_again(db: Database, settings: Settings, job_id: str, as_json: bool) -> bool:
     """Resume a job whose planning was cut off: plan it again, replaying the paid calls."""
-    from merlin_flow.jobs import job_status
-    from merlin_flow.requesting import plan_job
+    from merlin_flow.jobs.requesting import plan_job
+    from merlin_flow.jobs.views import job_status
     from merlin_flow.store.status import JobStatus
 
     if job_status(db, job_id) != JobStatus.PLANNING:
@@ -276,8 +276,8 @@ def resume(
 
     def work() -> None:
         from merlin_flow.config import load_config
-        from merlin_flow.control import resume_job
-        from merlin_flow.submission import check_budget
+        from merlin_flow.jobs.control import resume_job
+        from merlin_flow.jobs.submission import check_budget
 
         check_budget(budget)
         settings, db = state()
@@ -317,7 +317,7 @@ def replay(
 
     def work() -> None:
         from merlin_flow.cli.render import replay_table
-        from merlin_flow.replay import compare, create_replay
+        from merlin_flow.jobs.replay import compare, create_replay
 
         settings, db = state()
         replay_id = create_replay(db, settings, job_id)
@@ -350,8 +350,8 @@ def demo() -> None:
     """Run a bundled 3-step job with scripted models, showing a tier escalation."""
 
     def work() -> None:
-        from merlin_flow.demo import prepare_demo
-        from merlin_flow.submission import create_job
+        from merlin_flow.jobs.demo import prepare_demo
+        from merlin_flow.jobs.submission import create_job
 
         settings, db = state()
         demo_repo, tasklist, config = prepare_demo()

@@ -4,7 +4,7 @@ SQLite (the default, at ``$MERLIN_HOME/merlin.db``) runs in WAL mode with a busy
 so that several worker processes can share it; it is upgraded automatically on first use.
 Any other database must be upgraded explicitly with ``merlin db upgrade``.
 
-Every session redacts the worker's secrets (see :mod:`merlin_flow.redaction`) from the
+Every session redacts the worker's secrets (see :mod:`merlin_flow.store.redaction`) from the
 text and JSON values it is about to write, so no call site has to. Bulk ``update()``
 statements do not go through a flush and are not covered.
 """
@@ -25,8 +25,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 
 from merlin_flow.errors import RecordInDoubt, StoreError
-from merlin_flow.redaction import Redactor, current_redactor
 from merlin_flow.resources import resource_dir
+from merlin_flow.store.redaction import Redactor, current_redactor
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")

@@ -69,7 +69,7 @@ class Job(Base):
     request: Mapped[str | None] = mapped_column(Text)
     """For a job made from a request in plain words: the request, as given."""
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    """How the request was planned (``merlin_flow.requesting``): the planner's raw answers,
+    """How the request was planned (``merlin_flow.jobs.requesting``): the planner's raw answers,
     the parsed steps, the problems, and who approved the plan and when."""
     answer: Mapped[str | None] = mapped_column(Text)
     """For a question: the answer, the job's result."""
@@ -106,7 +106,7 @@ class Step(Base):
     agent_score: Mapped[float | None] = mapped_column(Float)
     """The autodelegation match score of the chosen agent."""
     depends_on: Mapped[list[str]] = mapped_column(JSON, default=list)
-    """The steps that must pass before this one starts (``merlin_flow.graph``)."""
+    """The steps that must pass before this one starts (``merlin_flow.engine.graph``)."""
     on_failure: Mapped[str] = mapped_column(String(16), default="stop", server_default="stop")
     """``stop``: the step's failure fails the job; ``continue``: its dependents are skipped."""
     status: Mapped[str] = mapped_column(String(16))
@@ -123,7 +123,7 @@ class Step(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime, index=True)
     deliveries: Mapped[int] = mapped_column(Integer, default=0)
     recoveries: Mapped[int] = mapped_column(Integer, default=0)
-    """Losses of its worker counted against the step (``merlin_flow.recovery``): those in
+    """Losses of its worker counted against the step (``merlin_flow.engine.recovery``): those in
     which it was the only step lost; past ``max_recoveries`` it is parked as poison."""
     losses: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     """Every take-over of the step from a lost worker, counted against it or not."""

@@ -160,10 +160,10 @@ def run_strategy(
     """Submit every job under ``strategy``, wait for all of them, and sum the outcome."""
     from sqlalchemy import func, select
 
-    from merlin_flow.routing import Complexity, complexity_of
+    from merlin_flow.jobs.submission import create_job
+    from merlin_flow.planning.routing import Complexity, complexity_of
     from merlin_flow.settings import get_settings
     from merlin_flow.store import Job, LlmCall, open_database
-    from merlin_flow.submission import create_job
     from merlin_flow.tasklist import parse_tasklist
     from workers.canvas import enqueue_job
 

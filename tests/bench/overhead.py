@@ -133,8 +133,8 @@ class Bench:
         """Seconds for ``count`` jobs of ``steps`` steps enqueued at once to all finish."""
         from sqlalchemy import func, select
 
+        from merlin_flow.jobs.submission import create_job
         from merlin_flow.store import Job
-        from merlin_flow.submission import create_job
         from workers.canvas import enqueue_job
 
         self.app.set_default()

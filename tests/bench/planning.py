@@ -19,9 +19,9 @@ from pathlib import Path
 import yaml
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.git import head_commit
-from merlin_flow.planner import make_plan
-from merlin_flow.planning_context import read_context
+from merlin_flow.planning.context import read_context
+from merlin_flow.planning.planner import make_plan
+from merlin_flow.workspace.git import head_commit
 
 FILES = 2000
 RUNS = 5

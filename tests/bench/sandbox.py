@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from merlin_flow.config import Environment, MerlinConfig, Sandbox, SandboxMode, Tier
-from merlin_flow.environment import ensure_environment
-from merlin_flow.sandbox import Confinement, python_mounts, run_confined
 from merlin_flow.settings import Settings
+from merlin_flow.workspace.environment import ensure_environment
+from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
 
 RUNS = 30
 PYPROJECT = """\

@@ -87,8 +87,9 @@ POISON_COMMAND = (
     "if grep -q merlin_flow /proc/$p/cmdline && ! grep -q command_guard /proc/$p/cmdline; "
     "then kill -9 $p; exit; fi; done"
 )
-"""Kill the nearest merlin ancestor but the command's guard (``merlin_flow.command_guard``):
-the pool process that runs the step (not its worker)."""
+"""Kill the nearest merlin ancestor but the command's guard
+(``merlin_flow.workspace.command_guard``): the pool process that runs the step (not its
+worker)."""
 
 POISON_TASKLIST = {
     "title": "poison",

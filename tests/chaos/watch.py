@@ -1,7 +1,7 @@
 """What the chaos driver watches around each kill, from ``/proc``, the database and the broker.
 
 **Orphaned commands.** Every command a worker runs (the agent's ``run_command``, exit
-commands) carries ``MERLIN_COMMAND_MARK`` in its environment (``merlin_flow.process``).
+commands) carries ``MERLIN_COMMAND_MARK`` in its environment (``merlin_flow.workspace.process``).
 Just before a kill, ``command_processes`` lists the marked processes that descend from
 the victim's process group (walking ``/proc/<pid>/stat`` parents), with everything they
 started (in the sandbox: ``bwrap`` carries the mark, the command inside does not). A few
@@ -36,8 +36,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from merlin_flow.command_guard import MARK_VARIABLE
-from merlin_flow.leases import QUEUED
+from merlin_flow.engine.leases import QUEUED
+from merlin_flow.workspace.command_guard import MARK_VARIABLE
 
 MARK = f"{MARK_VARIABLE}=".encode()
 PROC = Path("/proc")

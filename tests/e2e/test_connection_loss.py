@@ -9,7 +9,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from merlin_flow.jobs import job_view
+from merlin_flow.jobs.views import job_view
 from tests.conftest import POSTGRES_ADMIN_URL
 from tests.e2e.conftest import Backend
 from tests.e2e.helpers import (

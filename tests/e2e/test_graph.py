@@ -14,8 +14,8 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from merlin_flow.jobs import job_view
-from merlin_flow.reports import junit_xml
+from merlin_flow.jobs.reports import junit_xml
+from merlin_flow.jobs.views import job_view
 from merlin_flow.store import Attempt, Database, LlmCall, Step, open_database
 from tests.conftest import git, make_repo
 from tests.e2e.conftest import Backend

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.sandbox import sandbox_problem
+from merlin_flow.workspace.sandbox import sandbox_problem
 from tests.e2e.helpers import MERLIN, merlin, merlin_env, write_job_files
 
 pytestmark = pytest.mark.e2e

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.jobs import job_view
+from merlin_flow.jobs.views import job_view
 from tests.e2e.helpers import merlin, merlin_env, start_worker, stop_worker, wait_for
 from tests.e2e.test_run import ONE_STEP
 from tests.model_server import ModelServer, text, tool_call

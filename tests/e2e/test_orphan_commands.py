@@ -3,7 +3,7 @@
 A worker's whole process group is SIGKILLed while its agent's ``run_command`` runs, and
 again while an exit command runs. The command lives in a session of its own (so that a
 timeout can kill its group), out of reach of the kill; its guard
-(``merlin_flow.command_guard``) must end it within seconds, and the attempt resumed on
+(``merlin_flow.workspace.command_guard``) must end it within seconds, and the attempt resumed on
 another worker must never run beside it.
 """
 

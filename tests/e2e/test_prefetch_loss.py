@@ -3,7 +3,7 @@
 A worker reserves up to ``--concurrency`` messages at once. Killed between receiving
 them and claiming their steps, it takes them along: Redis keeps them unacknowledged for
 its visibility timeout (hours), the embedded broker never delivers them again. The
-recovery sweep must notice (``merlin_flow.recovery``: a queued step whose message is
+recovery sweep must notice (``merlin_flow.engine.recovery``: a queued step whose message is
 neither waiting nor just delivered) and publish them again within a lease, not after
 the hand-off time (``MERLIN_HANDOFF_SECONDS``, 300 s).
 
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, func, select, text
 
-from merlin_flow.leases import QUEUED
+from merlin_flow.engine.leases import QUEUED
 from merlin_flow.store import Step
 from tests.e2e.conftest import Backend
 from tests.e2e.helpers import (

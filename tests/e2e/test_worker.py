@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.jobs import job_view
+from merlin_flow.jobs.views import job_view
 from tests.conftest import git
 from tests.e2e.conftest import Backend
 from tests.e2e.helpers import (

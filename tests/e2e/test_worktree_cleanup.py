@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from merlin_flow.jobs import job_view
+from merlin_flow.jobs.views import job_view
 from merlin_flow.store import Database, LlmCall, upgrade
 from tests.conftest import git
 from tests.e2e.helpers import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
+from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 
 SCRIPT = """\

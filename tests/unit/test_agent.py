@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from merlin_flow.agent import (
+from merlin_flow.agents.loop import (
     SKIPPED,
     SYSTEM_PROMPT,
     AgentResult,
@@ -19,8 +19,8 @@ from merlin_flow.agent import (
 )
 from merlin_flow.config import Limits, Tier
 from merlin_flow.errors import AgentError, LeaseLost
-from merlin_flow.llm import Completion
-from merlin_flow.tools import READ_ONLY_TOOLS, Toolbox
+from merlin_flow.models.llm import Completion
+from merlin_flow.tools.toolbox import READ_ONLY_TOOLS, Toolbox
 
 BRIEF = StepBrief(
     step_key="s1",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.agent_files import (
+from merlin_flow.agents.definitions import (
     AgentCatalog,
     AgentDefinition,
     AgentScope,
@@ -19,7 +19,7 @@ from merlin_flow.agent_files import (
     load_agents,
     parse_agent_file,
 )
-from merlin_flow.agent_imports import INSTRUCTION_LIMIT
+from merlin_flow.agents.instructions import INSTRUCTION_LIMIT
 from merlin_flow.errors import AgentFileError, InputError
 
 PROJECT = "repo/.merlin/agents"

@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from merlin_flow.attempt import NO_CHANGES, execute_step
 from merlin_flow.config import Limits, MerlinConfig, Tier
-from merlin_flow.jobs import job_view
-from merlin_flow.leases import claim
-from merlin_flow.lifecycle import Outcome
+from merlin_flow.engine.attempt import NO_CHANGES, execute_step
+from merlin_flow.engine.leases import claim
+from merlin_flow.engine.lifecycle import Outcome
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import ONE_STEP, priced_tier, rate_limited_then_premium
 
 
@@ -57,13 +57,13 @@ def test_rate_limited_tier_retries_then_escalates(
 def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    from merlin_flow.agent import first_messages
-    from merlin_flow.attempt import _begin_attempt
-    from merlin_flow.journal import CallContext, record_call
-    from merlin_flow.lifecycle import HeldStep
-    from merlin_flow.llm import complete
+    from merlin_flow.agents.loop import first_messages
+    from merlin_flow.engine.attempt import _begin_attempt
+    from merlin_flow.engine.lifecycle import HeldStep
+    from merlin_flow.models.journal import CallContext, record_call
+    from merlin_flow.models.llm import complete
     from merlin_flow.store import Attempt, LlmCall
-    from merlin_flow.tools import TOOL_SCHEMAS
+    from merlin_flow.tools.toolbox import TOOL_SCHEMAS
 
     tier = priced_tier(tmp_path, price_out=2.0)
     config = MerlinConfig(tiers=[tier])
@@ -205,14 +205,14 @@ def test_without_specs_the_prompt_has_no_constraints(
 def test_a_refused_reply_is_journaled_as_an_error_with_what_it_cost(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    from merlin_flow.agent import first_messages
-    from merlin_flow.attempt import _begin_attempt
+    from merlin_flow.agents.loop import first_messages
+    from merlin_flow.engine.attempt import _begin_attempt
+    from merlin_flow.engine.lifecycle import HeldStep
     from merlin_flow.errors import ModelRefused
-    from merlin_flow.journal import CallContext, record_call, replayable_calls
-    from merlin_flow.lifecycle import HeldStep
-    from merlin_flow.llm import complete
+    from merlin_flow.models.journal import CallContext, record_call, replayable_calls
+    from merlin_flow.models.llm import complete
     from merlin_flow.store import Attempt, LlmCall
-    from merlin_flow.tools import TOOL_SCHEMAS
+    from merlin_flow.tools.toolbox import TOOL_SCHEMAS
 
     tier = priced_tier(tmp_path, price_out=2.0)
     config = MerlinConfig(tiers=[tier])

@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from merlin_flow.attempt import execute_step
-from merlin_flow.budget import BudgetGuard
 from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.budget import BudgetGuard
+from merlin_flow.engine.lifecycle import Outcome
+from merlin_flow.engine.verdict import verify_step
 from merlin_flow.errors import BudgetExceeded
-from merlin_flow.jobs import job_view
-from merlin_flow.lifecycle import Outcome
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import BudgetHold, Database, Job, JobStatus, upgrade, utcnow
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import ONE_STEP, priced_tier
 
 HOUR = timedelta(hours=1)

@@ -461,9 +461,9 @@ def test_run_submits_a_one_step_job_and_works_it_here(
     guarded_repo: Path, merlin_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The job `merlin run` would make of the TaskList; its working is the e2e test's."""
-    import merlin_flow.sandbox
+    import merlin_flow.workspace.sandbox
 
-    monkeypatch.setattr(merlin_flow.sandbox, "sandbox_problem", lambda: None)
+    monkeypatch.setattr(merlin_flow.workspace.sandbox, "sandbox_problem", lambda: None)
     worked: list[str] = []
     monkeypatch.setattr(
         "merlin_flow.cli.following.run_embedded",
@@ -478,7 +478,7 @@ def test_run_submits_a_one_step_job_and_works_it_here(
     assert result.exit_code == 0, result.output
     (job_id,) = worked
 
-    from merlin_flow.jobs import job_view
+    from merlin_flow.jobs.views import job_view
     from merlin_flow.settings import get_settings
     from merlin_flow.store import open_database
 

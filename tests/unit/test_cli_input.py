@@ -302,9 +302,9 @@ def test_a_submit_whose_publishing_is_cut_still_gives_its_recorded_job(
 def test_a_database_error_is_one_line_not_a_traceback(
     merlin_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import merlin_flow.jobs
+    import merlin_flow.jobs.views
 
-    monkeypatch.setattr(merlin_flow.jobs, "job_view", _cut)
+    monkeypatch.setattr(merlin_flow.jobs.views, "job_view", _cut)
     result = CliRunner().invoke(app, ["status", "abc", "--json"])
     assert result.exit_code == 1, result.output
     assert result.stderr.strip() == "error: the database failed: server closed the connection"
@@ -348,9 +348,11 @@ def test_costs_since_with_no_jobs(merlin_home: Path) -> None:
 
 
 def test_worker_refuses_to_start_without_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
-    import merlin_flow.sandbox
+    import merlin_flow.workspace.sandbox
 
-    monkeypatch.setattr(merlin_flow.sandbox, "sandbox_problem", lambda: "bwrap is not here")
+    monkeypatch.setattr(
+        merlin_flow.workspace.sandbox, "sandbox_problem", lambda: "bwrap is not here"
+    )
     started: list[list[str]] = []
     import workers.app
 
@@ -368,9 +370,11 @@ def test_worker_refuses_to_start_without_bubblewrap(monkeypatch: pytest.MonkeyPa
 def test_run_refuses_when_the_sandbox_cannot_run_here(
     merlin_home: Path, repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import merlin_flow.sandbox
+    import merlin_flow.workspace.sandbox
 
-    monkeypatch.setattr(merlin_flow.sandbox, "sandbox_problem", lambda: "bwrap is not here")
+    monkeypatch.setattr(
+        merlin_flow.workspace.sandbox, "sandbox_problem", lambda: "bwrap is not here"
+    )
     tasklist = tmp_path / "tasklist.yaml"
     tasklist.write_text("title: x\nsteps:\n" + GOOD_STEP)
     before = broker_messages(merlin_home)

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, update
 
-from merlin_flow.attempt import execute_step
-from merlin_flow.jobs import job_view
-from merlin_flow.leases import claim
-from merlin_flow.lifecycle import Outcome
-from merlin_flow.recovery import sweep
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.leases import claim
+from merlin_flow.engine.lifecycle import Outcome
+from merlin_flow.engine.recovery import sweep
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, Step
-from merlin_flow.verdict import verify_step
 from tests.conftest import git
 from tests.unit.scripted_jobs import scripted_job
 
@@ -23,7 +23,7 @@ from tests.unit.scripted_jobs import scripted_job
 def test_cancel_between_phases_keeps_the_branch_and_finalizes_at_once(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    from merlin_flow.control import cancel_job
+    from merlin_flow.jobs.control import cancel_job
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)
     assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE  # committed
@@ -40,7 +40,7 @@ def test_cancel_between_phases_keeps_the_branch_and_finalizes_at_once(
 def test_cancel_waits_for_the_worker_holding_a_step_or_for_its_lease_to_expire(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    from merlin_flow.control import cancel_job
+    from merlin_flow.jobs.control import cancel_job
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)
     with db.reader() as session:
@@ -62,8 +62,8 @@ def test_cancel_waits_for_the_worker_holding_a_step_or_for_its_lease_to_expire(
 def test_resume_refuses_what_it_cannot_do(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    from merlin_flow.control import cancel_job, resume_job
     from merlin_flow.errors import InputError
+    from merlin_flow.jobs.control import cancel_job, resume_job
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)
     refused = "only a failed, cancelled, budget_exceeded or partially_completed"
@@ -88,8 +88,8 @@ def test_resume_corrects_the_exit_command_and_the_configuration(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
     from merlin_flow.config import MerlinConfig, Tier
-    from merlin_flow.control import cancel_job, resume_job
-    from merlin_flow.jobs import events_since
+    from merlin_flow.jobs.control import cancel_job, resume_job
+    from merlin_flow.jobs.views import events_since
 
     job_id = scripted_job(db, settings, py_repo, tmp_path, steps=2)
     cancel_job(db, settings, job_id)
@@ -129,8 +129,8 @@ def test_resume_routes_a_step_whose_tier_the_new_configuration_lacks(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
     from merlin_flow.config import MerlinConfig, Tier
-    from merlin_flow.control import cancel_job, resume_job
     from merlin_flow.errors import InputError
+    from merlin_flow.jobs.control import cancel_job, resume_job
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)
     cancel_job(db, settings, job_id)

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.attempt import execute_step
 from merlin_flow.config import Limits
-from merlin_flow.costs import costs_since, job_costs, parse_since
-from merlin_flow.jobs import job_view
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.costs import costs_since, job_costs, parse_since
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import ONE_STEP, rate_limited_then_premium
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.credentials import require_a_usable_tier, tier_access
 from merlin_flow.errors import NoModelAvailable
+from merlin_flow.models.credentials import require_a_usable_tier, tier_access
 
 
 @pytest.fixture

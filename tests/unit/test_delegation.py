@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.agent_files import AgentDefinition, AgentScope, load_agents
-from merlin_flow.delegation import delegate, ranked, stem, terms
+from merlin_flow.agents.definitions import AgentDefinition, AgentScope, load_agents
+from merlin_flow.agents.delegation import delegate, ranked, stem, terms
 from merlin_flow.tool_config import AgentSettings
 
 MIN_SCORE = AgentSettings().min_score

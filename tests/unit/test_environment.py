@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 
 from merlin_flow.config import Environment, MerlinConfig, Tier
-from merlin_flow.environment import (
+from merlin_flow.errors import SetupFailed
+from merlin_flow.settings import Settings
+from merlin_flow.workspace.environment import (
     MARKER_FILE,
     ensure_environment,
     plan_environment,
     step_confinement,
 )
-from merlin_flow.errors import SetupFailed
-from merlin_flow.exit_commands import ProjectKind
-from merlin_flow.sandbox import run_confined, sandbox_problem
-from merlin_flow.settings import Settings
+from merlin_flow.workspace.exit_commands import ProjectKind
+from merlin_flow.workspace.sandbox import run_confined, sandbox_problem
 from tests.conftest import git, make_repo
 
 HATCH_PROJECT = """\

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from merlin_flow.config import Limits
-from merlin_flow.escalation import (
+from merlin_flow.engine.escalation import (
     FEEDBACK_CHARS,
     MODEL_UNREACHABLE,
     Action,
@@ -21,7 +21,7 @@ from merlin_flow.escalation import (
     failure_reason,
     feedback_for,
 )
-from merlin_flow.model_errors import classify
+from merlin_flow.models.diagnosis import classify
 from merlin_flow.store import Attempt
 
 E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE

@@ -8,14 +8,14 @@ import pytest
 
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.errors import ConfigError
-from merlin_flow.exit_commands import (
+from merlin_flow.tasklist import StepType, TaskStep
+from merlin_flow.workspace.exit_commands import (
     DEFAULT_EXIT_COMMANDS,
     ProjectKind,
     detect_project_kind,
     exit_command_for,
     split_command,
 )
-from merlin_flow.tasklist import StepType, TaskStep
 
 
 def config(**exit_commands: str) -> MerlinConfig:

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from typer.testing import CliRunner
 
-from merlin_flow.agent_files import AgentScope, parse_agent_file
+from merlin_flow.agents.definitions import AgentScope, parse_agent_file
 from merlin_flow.config import load_config
 from merlin_flow.errors import AgentFileError, ConfigError, TaskListError
-from merlin_flow.permissions import parse_rule
 from merlin_flow.tasklist import load_tasklist, parse_tasklist
+from merlin_flow.tools.permissions import parse_rule
 from tests.conftest import make_repo
 from tests.fuzz_inputs import PROPERTIES, SCRIPTS, Property, Unexpected, tasklist_documents
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from merlin_flow.errors import GitError, RepositoryError
-from merlin_flow.git import (
+from merlin_flow.workspace.git import (
     IGNORED_IN_COMMITS,
     add_worktree,
     advance_branch,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.agent import (
+from merlin_flow.agents.loop import (
     MAX_CALLS_PER_REPLY,
     MAX_KEPT_CHARS,
     TOO_MANY,
@@ -31,12 +31,12 @@ from merlin_flow.agent import (
 )
 from merlin_flow.config import Limits, Sandbox, SandboxMode, Tier
 from merlin_flow.errors import AgentError
-from merlin_flow.llm import Completion
-from merlin_flow.process import OUTPUT_TAIL_CHARS
-from merlin_flow.redaction import Redactor
-from merlin_flow.sandbox import Confinement, run_confined, sandbox_problem
-from merlin_flow.tokens import conversation_text, count_tokens
-from merlin_flow.tools import MAX_ARGUMENT_CHARS, MAX_WRITE_BYTES, Toolbox
+from merlin_flow.models.llm import Completion
+from merlin_flow.models.tokens import conversation_text, count_tokens
+from merlin_flow.store.redaction import Redactor
+from merlin_flow.tools.toolbox import MAX_ARGUMENT_CHARS, MAX_WRITE_BYTES, Toolbox
+from merlin_flow.workspace.process import OUTPUT_TAIL_CHARS
+from merlin_flow.workspace.sandbox import Confinement, run_confined, sandbox_problem
 
 BRIEF = StepBrief("s1", "code", "be attacked", "", "true")
 TIER = Tier(name="hostile", model="function/hostile")
@@ -208,10 +208,10 @@ BIG_WRITE = textwrap.dedent(
     """
     import json, resource, sys
     from pathlib import Path
-    from merlin_flow.agent import run_agent, StepBrief
+    from merlin_flow.agents.loop import run_agent, StepBrief
     from merlin_flow.config import Limits, Sandbox, SandboxMode, Tier
-    from merlin_flow.llm import Completion
-    from merlin_flow.tools import Toolbox
+    from merlin_flow.models.llm import Completion
+    from merlin_flow.tools.toolbox import Toolbox
 
     START = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # code loaded
     root = Path(sys.argv[1])
@@ -280,7 +280,7 @@ def test_a_write_over_the_limit_is_refused_before_the_file_is_touched(tmp_path: 
     finally:
         tracemalloc.stop()
     assert reply.startswith("error: ")
-    assert "merlin_flow.tools.MAX_WRITE_BYTES" in reply
+    assert "merlin_flow.tools.toolbox.MAX_WRITE_BYTES" in reply
     assert (tmp_path / "f.txt").read_text() == "old\n"
     assert peak < 2 * MAX_WRITE_BYTES
 
@@ -414,7 +414,7 @@ def test_a_long_tool_answer_is_cut_and_a_truncated_read_keeps_its_note(tmp_path:
 def test_a_huge_reply_is_bounded_before_the_journal_keeps_it() -> None:
     from types import SimpleNamespace
 
-    from merlin_flow.llm import MAX_REPLY_CHARS, _message_dict
+    from merlin_flow.models.llm import MAX_REPLY_CHARS, _message_dict
 
     huge = "x" * (10 * 2**20)
     call = SimpleNamespace(

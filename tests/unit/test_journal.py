@@ -6,22 +6,22 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from merlin_flow.attempt import execute_step
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import verify_step
 from tests.conftest import git
 from tests.unit.scripted_jobs import ONE_STEP, priced_tier
 
 
 def test_the_replayer_goes_live_at_the_first_different_request(tmp_path: Path) -> None:
-    from merlin_flow.journal import JournalEntry, Replayer
-    from merlin_flow.llm import request_hash
-    from merlin_flow.tools import TOOL_SCHEMAS
+    from merlin_flow.models.journal import JournalEntry, Replayer
+    from merlin_flow.models.llm import request_hash
+    from merlin_flow.tools.toolbox import TOOL_SCHEMAS
 
     script = tmp_path / "script.yaml"
     script.write_text("rules:\n  - reply: {content: live}\n")
@@ -47,7 +47,7 @@ def test_the_replayer_goes_live_at_the_first_different_request(tmp_path: Path) -
 def test_the_response_cache_answers_identical_requests_across_jobs_for_free(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    from merlin_flow.costs import job_costs
+    from merlin_flow.jobs.costs import job_costs
     from merlin_flow.store import LlmCall
 
     tier = priced_tier(tmp_path, price_out=2.0)

@@ -15,8 +15,7 @@ import pytest
 from sqlalchemy import select, update
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.jobs import job_view
-from merlin_flow.leases import (
+from merlin_flow.engine.leases import (
     HOST,
     QUEUED,
     Heartbeat,
@@ -27,10 +26,11 @@ from merlin_flow.leases import (
     token_process,
     token_tag,
 )
-from merlin_flow.recovery import sweep
+from merlin_flow.engine.recovery import sweep
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step, upgrade, utcnow
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 
 
@@ -217,7 +217,7 @@ def test_a_killed_process_of_this_pid_space_is_gone_at_once() -> None:
 def test_a_process_this_one_may_not_signal_or_see_is_alive(monkeypatch: pytest.MonkeyPatch) -> None:
     # Another user's worker under a /proc mounted hidepid=2: kill(pid, 0) is refused and
     # its /proc entry is hidden. It runs: never taken for gone.
-    from merlin_flow import leases
+    from merlin_flow.engine import leases
 
     def refused(pid: int, signal: int) -> None:
         raise PermissionError(1, "Operation not permitted")

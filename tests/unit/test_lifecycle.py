@@ -6,9 +6,9 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from merlin_flow.jobs import job_view
-from merlin_flow.leases import claim
-from merlin_flow.lifecycle import fail_job
+from merlin_flow.engine.leases import claim
+from merlin_flow.engine.lifecycle import fail_job
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step
 from tests.unit.scripted_jobs import scripted_job

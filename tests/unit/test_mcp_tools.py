@@ -20,15 +20,15 @@ import pytest
 
 from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import ToolSourceError
-from merlin_flow.mcp_tools import (
+from merlin_flow.tool_config import McpServer
+from merlin_flow.tools.mcp import (
     McpTool,
     open_mcp_tools,
     result_text,
     server_argv,
     tool_name,
 )
-from merlin_flow.sandbox import Confinement, python_mounts, sandbox_problem
-from merlin_flow.tool_config import McpServer
+from merlin_flow.workspace.sandbox import Confinement, python_mounts, sandbox_problem
 
 SERVER = Path(__file__).resolve().parents[1] / "mcp_server.py"
 SECRET = "MERLIN_TEST_SECRET_TOKEN"
@@ -148,7 +148,7 @@ def test_the_server_sees_the_allowlist_and_its_env_never_the_workers_secret(
 def test_the_toolbox_offers_and_calls_them_behind_its_gate(
     demo: dict[str, McpTool], tmp_path: Path
 ) -> None:
-    from merlin_flow.tools import Toolbox
+    from merlin_flow.tools.toolbox import Toolbox
 
     toolbox = Toolbox(tmp_path, extra=list(demo.values()))
     assert "mcp__demo__add" in toolbox.names

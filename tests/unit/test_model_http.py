@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.agent import StepBrief, run_agent
+from merlin_flow.agents.loop import StepBrief, run_agent
 from merlin_flow.config import DEFAULT_MAX_TOKENS, Limits, MerlinConfig, Tier
-from merlin_flow.endpoints import NO_KEY, pin_endpoints
+from merlin_flow.engine.escalation import FailureKind
 from merlin_flow.errors import AgentError, ModelUnreachable
-from merlin_flow.escalation import FailureKind
-from merlin_flow.llm import Completion, complete, litellm_module, outgoing
-from merlin_flow.model_errors import examine, retry_after
-from merlin_flow.tools import Toolbox
+from merlin_flow.models.diagnosis import examine, retry_after
+from merlin_flow.models.endpoints import NO_KEY, pin_endpoints
+from merlin_flow.models.llm import Completion, complete, litellm_module, outgoing
+from merlin_flow.tools.toolbox import Toolbox
 from tests.model_server import ModelServer, error, text, tool_call
 
 BRIEF = StepBrief("s1", "Feature", "write hello.txt", "it exists", "true")

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from merlin_flow.permissions import ASK_NOTE, Permissions, merge_rules, parse_rule
-from merlin_flow.shell_commands import MAX_DEPTH, split_command
 from merlin_flow.tool_config import PermissionRules
+from merlin_flow.tools.permissions import ASK_NOTE, Permissions, merge_rules, parse_rule
+from merlin_flow.tools.shell_commands import MAX_DEPTH, split_command
 
 
 def perms(root: Path | None = None, **lists: Any) -> Permissions:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from merlin_flow.errors import PlanUnreadable, StepFailure, TaskListError
-from merlin_flow.plan_reading import (
+from merlin_flow.planning.reading import (
     PlannedStep,
     check_plan,
     fallback_plan,

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from merlin_flow.cli.app import app
 from merlin_flow.config import MerlinConfig, Planning, Tier
-from merlin_flow.planner import make_plan
-from merlin_flow.planning_context import RepositoryContext
-from merlin_flow.requests import Classification
+from merlin_flow.planning.context import RepositoryContext
+from merlin_flow.planning.planner import make_plan
+from merlin_flow.planning.requests import Classification
 from merlin_flow.tasklist import load_tasklist
 from tests.conftest import make_repo
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from merlin_flow.errors import InputError
-from merlin_flow.planning_context import read_context
+from merlin_flow.planning.context import read_context
 from tests.conftest import git, make_repo
 
 
@@ -51,8 +51,8 @@ def test_an_attached_file_the_commit_lacks_is_an_input_error_naming_it(tmp_path:
 
 
 def test_a_file_the_permissions_refuse_is_never_shown_to_the_planner(tmp_path: Path) -> None:
-    from merlin_flow.permissions import Permissions
     from merlin_flow.tool_config import PermissionRules
+    from merlin_flow.tools.permissions import Permissions
 
     repo = make_repo(tmp_path / "repo", {"README.md": "# app\n", "secrets/key": "K\n"})
     head = git(repo, "rev-parse", "HEAD")

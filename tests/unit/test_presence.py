@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from merlin_flow.presence import (
+from merlin_flow.engine.presence import (
     MIN_SILENCE_SECONDS,
     beat,
     leave,

@@ -7,16 +7,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from merlin_flow.budget import BudgetGuard
 from merlin_flow.cli.render import job_costs_tables, money
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.costs import costs_since, job_costs
+from merlin_flow.engine.budget import BudgetGuard
 from merlin_flow.errors import BudgetExceeded, InputError
-from merlin_flow.jobs import job_view
-from merlin_flow.llm import call_price, is_priced
+from merlin_flow.jobs.costs import costs_since, job_costs
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
+from merlin_flow.models.llm import call_price, is_priced
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, LlmCall, Step
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 from tests.conftest import git
 

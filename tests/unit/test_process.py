@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.process import TIMEOUT_EXIT_CODE, run_command, tool_environment
+from merlin_flow.workspace.process import TIMEOUT_EXIT_CODE, run_command, tool_environment
 
 
 def process_gone(pid: int, wait: float = 2.0) -> bool:
@@ -170,7 +170,7 @@ def test_colour_codes_a_project_forces_are_left_out_of_the_output(tmp_path: Path
 WORKER = """
 import sys, threading
 from pathlib import Path
-from merlin_flow.process import run_command
+from merlin_flow.workspace.process import run_command
 
 folder = Path(sys.argv[1])
 script = (

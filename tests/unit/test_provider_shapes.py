@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.agent import StepBrief, run_agent
+from merlin_flow.agents.loop import StepBrief, run_agent
 from merlin_flow.config import Limits, Tier
+from merlin_flow.engine.escalation import FailureKind
 from merlin_flow.errors import AgentError, ModelRefused, ModelUnreachable
-from merlin_flow.escalation import FailureKind
-from merlin_flow.llm import Completion, complete, litellm_module
-from merlin_flow.model_errors import examine
-from merlin_flow.tools import Toolbox
+from merlin_flow.models.diagnosis import examine
+from merlin_flow.models.llm import Completion, complete, litellm_module
+from merlin_flow.tools.toolbox import Toolbox
 from tests.provider_server import FIXTURES, ProviderServer, load
 
 PROVIDERS = ("openai", "anthropic", "gemini")

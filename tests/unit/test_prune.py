@@ -15,15 +15,15 @@ from typer.testing import CliRunner
 
 from merlin_flow.cli.app import app
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.environment import MARKER_FILE
 from merlin_flow.errors import InputError
-from merlin_flow.git import add_worktree
-from merlin_flow.pruning import Kind, parse_age, prune
-from merlin_flow.repository import cache_path, repository_of
+from merlin_flow.jobs.pruning import Kind, parse_age, prune
+from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import Database, Job, JobStatus, open_database, utcnow
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
+from merlin_flow.workspace.environment import MARKER_FILE
+from merlin_flow.workspace.git import add_worktree
+from merlin_flow.workspace.repository import cache_path, repository_of
 from tests.conftest import git
 from tests.unit.scripted_jobs import ONE_STEP, scripted_job
 
@@ -345,9 +345,9 @@ def test_a_git_url_job_loses_its_branch_on_the_remote_and_refs_in_the_cache(
 def test_a_job_the_engine_ran_keeps_its_product_and_loses_its_attempt_refs(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    from merlin_flow.attempt import execute_step
-    from merlin_flow.lifecycle import finalize_job
-    from merlin_flow.verdict import verify_step
+    from merlin_flow.engine.attempt import execute_step
+    from merlin_flow.engine.lifecycle import finalize_job
+    from merlin_flow.engine.verdict import verify_step
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)
     execute_step(db, settings, job_id, "s0", "w:1")

@@ -14,10 +14,10 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from merlin_flow.jobs import job_view
-from merlin_flow.leases import HOST, QUEUED
-from merlin_flow.lifecycle import fail_job_in_session
-from merlin_flow.recovery import MESSAGE_LOST, grace, sweep
+from merlin_flow.engine.leases import HOST, QUEUED
+from merlin_flow.engine.lifecycle import fail_job_in_session
+from merlin_flow.engine.recovery import MESSAGE_LOST, grace, sweep
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Event, Step, WorkerBeat, utcnow
 from tests.conftest import make_repo

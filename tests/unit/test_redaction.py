@@ -9,14 +9,14 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm.attributes import flag_modified
 
-from merlin_flow.redaction import (
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, upgrade
+from merlin_flow.store.redaction import (
     REDACTED,
     Redactor,
     current_redactor,
     reset_redactor,
     secret_values,
 )
-from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, upgrade
 
 API_KEY = "sk-test-1234567890"
 DB_PASSWORD = "hunter2-pw"

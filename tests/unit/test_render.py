@@ -8,7 +8,6 @@ from typing import Any
 
 from rich.console import Console
 
-from merlin_flow.attempt import execute_step
 from merlin_flow.cli.render import (
     FAILURE_LINES,
     costs_since_table,
@@ -17,11 +16,12 @@ from merlin_flow.cli.render import (
     money,
     steps_table,
 )
-from merlin_flow.costs import costs_since, job_costs
-from merlin_flow.jobs import job_view
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.costs import costs_since, job_costs
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import AttemptStatus, Database
-from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import scripted_job
 
 
@@ -153,7 +153,7 @@ def test_an_open_attempt_with_no_live_worker_reads_waiting_not_verifying() -> No
 
 
 def test_the_latest_tool_call_is_one_line() -> None:
-    from merlin_flow.jobs import tool_call_line
+    from merlin_flow.jobs.views import tool_call_line
 
     call = {"function": {"name": "run_command", "arguments": '{"command": "pytest -q"}'}}
     other = {"function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}

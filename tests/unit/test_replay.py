@@ -6,12 +6,12 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from merlin_flow.attempt import execute_step
-from merlin_flow.lifecycle import Outcome, finalize_job
-from merlin_flow.replay import ReplayReport, StepComparison, compare, create_replay
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.replay import ReplayReport, StepComparison, compare, create_replay
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, LlmCall
-from merlin_flow.verdict import verify_step
 from tests.unit.scripted_jobs import scripted_job
 
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.attempt import execute_step
 from merlin_flow.config import Limits, MerlinConfig, Tier
-from merlin_flow.jobs import job_view
-from merlin_flow.lifecycle import finalize_job
-from merlin_flow.reports import junit_xml, write_atomically
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.lifecycle import finalize_job
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.reports import junit_xml, write_atomically
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import verify_step
 
 SCRIPT = """\
 rules:

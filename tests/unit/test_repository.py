@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow import repository
 from merlin_flow.config import load_config
 from merlin_flow.errors import GitError, RemoteUnavailable, RepositoryError
-from merlin_flow.git import add_worktree, attempt_ref, commit_all, remove_worktree
-from merlin_flow.repository import (
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.settings import Settings
+from merlin_flow.store import Job, open_database
+from merlin_flow.tasklist import TaskList
+from merlin_flow.workspace import repository
+from merlin_flow.workspace.git import add_worktree, attempt_ref, commit_all, remove_worktree
+from merlin_flow.workspace.repository import (
     cache_path,
     is_git_url,
     repository_for_input,
     repository_of,
 )
-from merlin_flow.settings import Settings
-from merlin_flow.store import Job, open_database
-from merlin_flow.submission import create_job
-from merlin_flow.tasklist import TaskList
 from tests.conftest import git
 
 
@@ -264,7 +264,7 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
 ) -> None:
     from celery.exceptions import Ignore
 
-    from merlin_flow.leases import claim
+    from merlin_flow.engine.leases import claim
     from merlin_flow.store import Step
     from workers import tasks as worker_tasks
 
@@ -303,8 +303,8 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
 
 
 def test_a_job_ends_even_when_its_remote_is_gone_for_good(tmp_path: Path, remote: str) -> None:
-    from merlin_flow.control import cancel_job
-    from merlin_flow.jobs import job_view
+    from merlin_flow.jobs.control import cancel_job
+    from merlin_flow.jobs.views import job_view
 
     submitter, control = _machine(tmp_path, "submitter"), _machine(tmp_path, "control")
     db = open_database(f"sqlite:///{tmp_path / 'merlin.db'}")

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from merlin_flow.cli.app import app
 from merlin_flow.config import Tier
 from merlin_flow.errors import InputError
-from merlin_flow.llm import Completion, complete
-from merlin_flow.requesting import approve_job, plan_job, reject_job, submit_request
+from merlin_flow.jobs.requesting import approve_job, plan_job, reject_job, submit_request
+from merlin_flow.models.llm import Completion, complete
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, LlmCall
 from merlin_flow.tasklist import parse_tasklist
@@ -147,7 +147,7 @@ def test_planning_cut_off_is_replayed_from_the_journal(
     db: Database, settings: Settings, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The process dies after the paid planner call: planning again pays nothing twice."""
-    import merlin_flow.requesting as requesting
+    import merlin_flow.jobs.requesting as requesting
 
     def die(*_args: Any) -> Any:
         raise SystemExit("killed")
@@ -258,7 +258,7 @@ def test_watching_a_plan_that_awaits_approval_says_so(
 def test_resume_plans_a_job_cut_off_while_planning(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import merlin_flow.requesting as requesting
+    import merlin_flow.jobs.requesting as requesting
 
     monkeypatch.setenv("MERLIN_HOME", str(tmp_path / "home"))
     with monkeypatch.context() as patched:

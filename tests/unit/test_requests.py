@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from merlin_flow.requests import (
+from merlin_flow.planning.requests import (
     RequestKind,
     classify,
     file_references,
     numbered_items,
     step_type_for,
 )
-from merlin_flow.routing import Complexity
+from merlin_flow.planning.routing import Complexity
 from merlin_flow.tasklist import StepType
 
 Q, S, P = RequestKind.QUESTION, RequestKind.SINGLE, RequestKind.PLANNED

@@ -8,7 +8,7 @@ import pytest
 
 from merlin_flow.config import MerlinConfig, Routing, Tier, load_config
 from merlin_flow.errors import ConfigError
-from merlin_flow.routing import Complexity, complexity_of, start_tier
+from merlin_flow.planning.routing import Complexity, complexity_of, start_tier
 from merlin_flow.tasklist import StepType, TaskStep
 
 S, M, C = Complexity.SIMPLE, Complexity.MEDIUM, Complexity.COMPLEX

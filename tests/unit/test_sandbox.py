@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow import sandbox as sandbox_module
 from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import SandboxUnavailable
-from merlin_flow.permissions import Permissions
-from merlin_flow.sandbox import (
+from merlin_flow.tool_config import PermissionRules
+from merlin_flow.tools.permissions import Permissions
+from merlin_flow.workspace import sandbox as sandbox_module
+from merlin_flow.workspace.sandbox import (
     ENV_DIR,
     WORKSPACE,
     Confinement,
@@ -33,7 +34,6 @@ from merlin_flow.sandbox import (
     sandbox_problem,
     unenforceable,
 )
-from merlin_flow.tool_config import PermissionRules
 
 SECRET = "sk-sandbox-test-0123456789abcdef"
 BWRAP = Sandbox()
@@ -196,7 +196,7 @@ def test_sandbox_dies_with_its_parent(box: Confinement, tmp_path: Path) -> None:
         import sys
         from pathlib import Path
         from merlin_flow.config import Sandbox
-        from merlin_flow.sandbox import Confinement, run_confined
+        from merlin_flow.workspace.sandbox import Confinement, run_confined
         box = Confinement(worktree=Path({str(box.worktree)!r}), read_only={box.read_only!r})
         run_confined(["/bin/sh", "-c", "{marker}"], box, Sandbox(), 60)
         """

@@ -12,8 +12,8 @@ import yaml
 
 from merlin_flow.config import Tier
 from merlin_flow.errors import ConfigError
-from merlin_flow.scripted import Script, load_script
-from merlin_flow.tokens import conversation_text, count_tokens
+from merlin_flow.models.scripted import Script, load_script
+from merlin_flow.models.tokens import conversation_text, count_tokens
 
 
 def script(*rules: dict[str, Any]) -> Script:
@@ -188,8 +188,8 @@ def test_load_script_negative_turn(tmp_path: Path) -> None:
 def test_completion_through_litellm(tmp_path: Path) -> None:
     import litellm
 
-    from merlin_flow.llm import complete
-    from merlin_flow.tools import TOOL_SCHEMAS
+    from merlin_flow.models.llm import complete
+    from merlin_flow.tools.toolbox import TOOL_SCHEMAS
 
     path = tmp_path / "model.yaml"
     rule = {

@@ -8,12 +8,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from merlin_flow.attempt import execute_step
 from merlin_flow.config import MerlinConfig, Specs, Tier
-from merlin_flow.jobs import job_view
-from merlin_flow.lifecycle import Outcome, finalize_job
-from merlin_flow.settings import Settings
-from merlin_flow.spec_check import (
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.spec_review import SPEC_CHECK_TURN
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
+from merlin_flow.planning.spec_check import (
     Policy,
     Violation,
     check_messages,
@@ -21,11 +23,9 @@ from merlin_flow.spec_check import (
     policy,
     run_check,
 )
-from merlin_flow.spec_review import SPEC_CHECK_TURN
+from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Event, LlmCall
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import verify_step
 from tests.conftest import make_repo
 
 V = Violation
@@ -279,8 +279,8 @@ def test_off_checks_nothing(db: Database, settings: Settings, tmp_path: Path) ->
 def test_a_replay_takes_the_spec_checks_answers_from_its_original(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
-    from merlin_flow.lifecycle import finalize_job
-    from merlin_flow.replay import create_replay
+    from merlin_flow.engine.lifecycle import finalize_job
+    from merlin_flow.jobs.replay import create_replay
 
     job_id = _job(db, settings, tmp_path, Specs(check="enforce", check_tier="checker"))
     _run(db, settings, job_id)

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from merlin_flow.cli.app import app
-from merlin_flow.specs import Spec, TokenOverlap, load_specs, ranked, relevant, words
+from merlin_flow.planning.specs import Spec, TokenOverlap, load_specs, ranked, relevant, words
 from tests.conftest import git, make_repo
 
 AUTH = """\

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from merlin_flow.attempt import execute_step
 from merlin_flow.config import Limits, MerlinConfig, Tier
-from merlin_flow.graph import dependencies, dependents, is_complete, is_finished, runnable
-from merlin_flow.jobs import job_view
-from merlin_flow.lifecycle import Dispatch, Outcome, finalize_job
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.graph import dependencies, dependents, is_complete, is_finished, runnable
+from merlin_flow.engine.lifecycle import Dispatch, Outcome, finalize_job
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.submission import create_job
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Event, Step
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.verdict import verify_step
 from tests.conftest import git, make_repo
 
 
@@ -311,8 +311,8 @@ def test_max_parallel_steps_bounds_what_starts_at_once(
 def test_resume_of_a_partially_completed_job_queues_every_unfinished_branch(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
-    from merlin_flow.control import resume_job
-    from merlin_flow.leases import QUEUED
+    from merlin_flow.engine.leases import QUEUED
+    from merlin_flow.jobs.control import resume_job
 
     failing = {**DIAMOND[2], "exit_command": "false", "on_failure": "continue"}
     job_id, _ = _job(db, settings, tmp_path, [*DIAMOND[:2], failing, DIAMOND[3]], DIAMOND_RULES)

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.agent_files import AgentDefinition, AgentScope
-from merlin_flow.config import load_config
-from merlin_flow.permissions import Permissions
-from merlin_flow.step_tools import (
+from merlin_flow.agents.definitions import AgentDefinition, AgentScope
+from merlin_flow.agents.step_tools import (
     allowlisted,
     drop_denied_writes,
     offered_built_ins,
     wanted_servers,
 )
+from merlin_flow.config import load_config
 from merlin_flow.tool_config import McpServer, PermissionRules
+from merlin_flow.tools.permissions import Permissions
 from tests.conftest import make_repo
 
 
@@ -94,8 +94,8 @@ def test_writes_under_an_edit_deny_are_undone_whatever_the_names(tmp_path: Path)
 def test_without_a_sandbox_the_rules_that_cannot_reach_commands_are_recorded(
     tmp_path: Path,
 ) -> None:
+    from merlin_flow.agents.step_tools import permission_events
     from merlin_flow.config import Sandbox, SandboxMode
-    from merlin_flow.step_tools import permission_events
 
     repo = make_repo(tmp_path / "repo", {"secrets/key": "k\n", "app.py": "x = 1\n"})
     config = load_config(repo).model_copy(

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import func, select
 
 from merlin_flow.errors import ConfigError, InputError
+from merlin_flow.jobs.submission import submit_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus
-from merlin_flow.submission import submit_job
 from merlin_flow.tasklist import parse_tasklist
 from tests.conftest import git, make_repo
 

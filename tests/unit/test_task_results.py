@@ -9,10 +9,10 @@ import pytest
 from celery.canvas import _chain
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.lifecycle import Outcome, PlannedTask, TaskName, remaining_tasks
+from merlin_flow.engine.lifecycle import Outcome, PlannedTask, TaskName, remaining_tasks
+from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
 from tests.unit.scripted_jobs import ONE_STEP, scripted_job
 from workers import tasks as worker_tasks

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.tokens import conversation_text, count_tokens
+from merlin_flow.models.tokens import conversation_text, count_tokens
 
 
 def user(text: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.tool_text import text_tool_calls
+from merlin_flow.tools.text_calls import text_tool_calls
 
 KNOWN = ("read_file", "write_file", "edit_file", "list_files", "grep", "run_command", "finish")
 READ = {"path": "app.py"}

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from merlin_flow.config import Sandbox
-from merlin_flow.tools import MAX_READ_CHARS, READ_ONLY_TOOLS, TOOL_SCHEMAS, Toolbox
+from merlin_flow.tools.toolbox import MAX_READ_CHARS, READ_ONLY_TOOLS, TOOL_SCHEMAS, Toolbox
 from tests.conftest import make_repo
 
 SECRET = "TOP SECRET\n"

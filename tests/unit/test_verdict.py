@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from merlin_flow.attempt import execute_step
-from merlin_flow.jobs import job_view
-from merlin_flow.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.verdict import verify_step
 from tests.conftest import git
 from tests.unit.scripted_jobs import scripted_job
 

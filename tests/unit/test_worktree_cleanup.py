@@ -11,18 +11,23 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from merlin_flow import worktree_cleanup
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.environment import _locked, setup_checkouts
+from merlin_flow.engine.lifecycle import finalize_job
 from merlin_flow.errors import GitError
-from merlin_flow.git import add_worktree
-from merlin_flow.lifecycle import finalize_job
-from merlin_flow.repository import cache_path
+from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, utcnow
-from merlin_flow.submission import create_job
 from merlin_flow.tasklist import parse_tasklist
-from merlin_flow.worktree_cleanup import UNKNOWN_AFTER, clear_ended, clear_setups, leftovers
+from merlin_flow.workspace import worktree_cleanup
+from merlin_flow.workspace.environment import _locked, setup_checkouts
+from merlin_flow.workspace.git import add_worktree
+from merlin_flow.workspace.repository import cache_path
+from merlin_flow.workspace.worktree_cleanup import (
+    UNKNOWN_AFTER,
+    clear_ended,
+    clear_setups,
+    leftovers,
+)
 from tests.conftest import git
 from tests.unit.scripted_jobs import ONE_STEP, scripted_job
 
@@ -266,8 +271,8 @@ def _build_killed_midway(repo: Path, settings: Settings, env: str) -> Path:
     program = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from merlin_flow.environment import _locked\n"
-        "from merlin_flow.git import add_worktree\n"
+        "from merlin_flow.workspace.environment import _locked\n"
+        "from merlin_flow.workspace.git import add_worktree\n"
         "with _locked(Path(sys.argv[1])):\n"
         "    add_worktree(Path(sys.argv[2]), Path(sys.argv[3]), 'HEAD')\n"
         "    print('building', flush=True)\n"

@@ -1,0 +1,1 @@
+"""The agent: its loop, what one attempt's agent is given, agent definitions."""

@@ -1,0 +1,180 @@
+"""What one attempt's agent is given: its brief, its tools, and the permissions on them.
+
+The brief is the step, the agent's own prompt and the repository's instruction file
+(AGENTS.md, else MERLIN.md, read from the attempt's worktree).
+
+The active tools are the registry (the built-in tools, then the MCP servers' tools),
+filtered by `[permissions]` (a tool a whole-tool rule refuses is not offered at all),
+then by the agent's `tools:` allowlist. Each call then goes through the permissions
+(``Permissions.check_call``), and the commands run in a sandbox that hides what a `Read`
+deny covers and binds read-only what an `Edit`/`Write` deny covers; an agent with no
+tool that writes gets the worktree read-only, so its `run_command` cannot write either.
+After the attempt, ``drop_denied_writes`` undoes a change no mount could stop (a new
+file a command created under an `Edit` deny).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from merlin_flow.agents.choice import stored_agent
+from merlin_flow.agents.definitions import AgentDefinition
+from merlin_flow.agents.instructions import instruction_file, instruction_text
+from merlin_flow.agents.loop import StepBrief
+from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.store import Step
+from merlin_flow.tool_config import McpServer
+from merlin_flow.tools.mcp import open_mcp_tools
+from merlin_flow.tools.permissions import KIND_TOOLS, Permissions
+from merlin_flow.tools.schemas import FINISH, TOOL_SCHEMAS
+from merlin_flow.tools.toolbox import Toolbox
+from merlin_flow.workspace.environment import BuiltEnvironment, step_confinement
+from merlin_flow.workspace.git import git, uncommitted_files
+from merlin_flow.workspace.sandbox import unenforceable
+
+BUILT_IN = tuple(s["function"]["name"] for s in TOOL_SCHEMAS if s["function"]["name"] != FINISH)
+"""The built-in tools, in the order they are offered (``finish`` is always added)."""
+WRITING_TOOLS = frozenset({"write_file", "edit_file"})
+
+
+def step_brief(step: Step) -> StepBrief:
+    """What the agent is told about ``step`` (its agent's own prompt included)."""
+    agent = stored_agent(step.agent_spec)
+    return StepBrief(
+        step.key,
+        step.step_type,
+        step.description,
+        step.verification,
+        step.exit_command,
+        role_prompt=agent.prompt if agent is not None else "",
+    )
+
+
+def with_instructions(brief: StepBrief, worktree: Path) -> StepBrief:
+    """``brief`` with the repository's instruction file, as the attempt's worktree has it."""
+    name = instruction_file(worktree)
+    if name is None:
+        return brief
+    return dataclasses.replace(
+        brief, instructions=instruction_text(worktree), instructions_file=name
+    )
+
+
+def allowlisted(name: str, allowlist: Sequence[str] | None) -> bool:
+    """Whether an agent's `tools:` list lets it have the tool ``name``.
+
+    Entries are tool names (``read_file``), the kinds coding agents use (``Read`` means
+    every tool that reads, ``Bash`` means ``run_command``...), or MCP names:
+    ``mcp__server`` for all of a server's tools, ``mcp__server__tool`` for one.
+    """
+    if allowlist is None:
+        return True
+    for entry in allowlist:
+        if name in KIND_TOOLS.get(entry, ()) or entry == name:
+            return True
+        if entry.startswith("mcp__") and name.startswith(entry.rstrip("*").rstrip("_") + "__"):
+            return True
+    return False
+
+
+def offered_built_ins(permissions: Permissions, agent: AgentDefinition | None) -> list[str]:
+    """The built-in tools the agent is offered, after the permissions and its allowlist."""
+    tools = agent.tools if agent is not None else None
+    return [n for n in BUILT_IN if permissions.tool_offered(n) and allowlisted(n, tools)]
+
+
+def wanted_servers(
+    config: MerlinConfig, permissions: Permissions, agent: AgentDefinition | None
+) -> Mapping[str, McpServer]:
+    """The MCP servers worth starting: not denied whole, and named by the allowlist."""
+    tools = agent.tools if agent is not None else None
+    wanted = {}
+    for name, server in config.mcp_servers.items():
+        prefix = f"mcp__{name}"
+        named = any(rule.startswith(prefix) for rule in config.permissions.allow)
+        if not permissions.tool_offered(prefix) and not (permissions.default_deny and named):
+            continue  # denied whole (under `default = "deny"`, unless a rule allows a tool)
+        if tools is None or any(t == prefix or t.startswith(prefix + "__") for t in tools):
+            wanted[name] = server
+    return wanted
+
+
+@contextlib.contextmanager
+def open_step_tools(
+    worktree: Path,
+    environment: BuiltEnvironment | None,
+    config: MerlinConfig,
+    agent: AgentDefinition | None,
+) -> Iterator[Toolbox]:
+    """The attempt's toolbox on ``worktree``, its MCP servers running until the end.
+
+    Raises ToolSourceError when an MCP server cannot start.
+    """
+    permissions = Permissions(config.permissions, root=worktree)
+    names = offered_built_ins(permissions, agent)
+    writes = bool(WRITING_TOOLS & set(names))
+    confinement = step_confinement(worktree, environment, config, writable=writes)
+    servers = wanted_servers(config, permissions, agent)
+    tools = agent.tools if agent is not None else None
+    with open_mcp_tools(servers, confinement, config.sandbox) as found:
+        extra = [
+            t for t in found if permissions.tool_offered(t.name) and allowlisted(t.name, tools)
+        ]
+        yield Toolbox(
+            worktree,
+            config.limits.tool_command_timeout,
+            confinement,
+            config.sandbox,
+            only=(*names, *(t.name for t in extra)),
+            gate=permissions.check_call,
+            readable=permissions.path_readable,
+            extra=extra,
+        )
+
+
+def can_write(toolbox: Toolbox) -> bool:
+    """Whether the toolbox's agent may change files (a reviewer may not)."""
+    return bool(WRITING_TOOLS & set(toolbox.names))
+
+
+def drop_denied_writes(worktree: Path, config: MerlinConfig) -> list[tuple[str, str]]:
+    """Undo the attempt's changes to paths an `Edit`/`Write` deny covers; (path, why) each.
+
+    A changed file goes back to the attempt's start (``HEAD`` of the worktree); a new
+    one is removed.
+    """
+    rules = config.permissions
+    if not (rules.deny or rules.ask or rules.default == "deny"):
+        return []
+    dropped = Permissions(rules, root=worktree).denied_writes(uncommitted_files(worktree))
+    for path, _why in dropped:
+        tracked = git("ls-files", "--error-unmatch", "--", path, cwd=worktree, check=False)
+        if tracked.strip():
+            git("checkout", "HEAD", "--", path, cwd=worktree)
+        else:
+            (worktree / path).unlink(missing_ok=True)
+    return dropped
+
+
+def permission_events(
+    worktree: Path, config: MerlinConfig, agent: AgentDefinition | None
+) -> list[tuple[str, str]]:
+    """After an attempt: its denied writes undone, and what the sandbox could not enforce.
+
+    Each is an event, ``(kind, message)``: ``write_refused`` per undone path, and
+    ``permissions_unenforced`` when `[sandbox] mode = "none"` could not hide or protect
+    what the rules cover.
+    """
+    events = []
+    if config.sandbox.mode is SandboxMode.NONE:
+        permissions = Permissions(config.permissions, root=worktree)
+        writes = bool(WRITING_TOOLS & set(offered_built_ins(permissions, agent)))
+        confinement = step_confinement(worktree, None, config, writable=writes)
+        warning = unenforceable(confinement, config.sandbox)
+        if warning is not None:
+            events.append(("permissions_unenforced", warning))
+    dropped = drop_denied_writes(worktree, config)
+    return events + [("write_refused", f"{path}: {why}") for path, why in dropped]

@@ -1,0 +1,1 @@
+"""The durable step machine: attempts, verdicts, escalation, leases, recovery."""

@@ -1,0 +1,460 @@
+"""The verify task's work: run the step's exit command on the last attempt, and decide.
+
+A pass moves the job branch to the attempt's commit (merged and verified again when
+steps beside it moved the branch: ``merlin_flow.engine.integration``) and queues the steps it
+lets start; a failure plans a fix or an escalation (``escalation.decide``), or ends the job
+when no tier is left or the budget cannot pay for the next one. Every write is made
+under the job's lock and while holding the step's lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from merlin_flow.agents.loop import first_messages
+from merlin_flow.agents.step_tools import step_brief
+from merlin_flow.config import MerlinConfig
+from merlin_flow.engine.attempt import step_environment
+from merlin_flow.engine.budget import BudgetGuard
+from merlin_flow.engine.escalation import (
+    Action,
+    AttemptKind,
+    Decision,
+    decide,
+    failure_of,
+    failure_reason,
+    feedback_for,
+)
+from merlin_flow.engine.integration import (
+    INTEGRATION_FAILED,
+    Integration,
+    commands_to_reverify,
+    failure_details,
+    integrate,
+)
+from merlin_flow.engine.leases import Heartbeat
+from merlin_flow.engine.lifecycle import (
+    Dispatch,
+    HeldStep,
+    Outcome,
+    add_event,
+    end_job_in_session,
+    fail_job_in_session,
+    fail_step_in_session,
+    finalize_job,
+    hand_off,
+    load_step,
+    lock_job,
+    release_step,
+    start_runnable,
+)
+from merlin_flow.engine.spec_review import review_attempt
+from merlin_flow.errors import BudgetExceeded, LeaseLost, SetupFailed
+from merlin_flow.planning.spec_check import SpecOutcome
+from merlin_flow.settings import Settings
+from merlin_flow.store import (
+    FINAL_JOB_STATUSES,
+    Attempt,
+    AttemptStatus,
+    Database,
+    Job,
+    JobStatus,
+    Phase,
+    Step,
+    StepStatus,
+    utcnow,
+)
+from merlin_flow.tasklist import OnFailure, StepType
+from merlin_flow.tools.toolbox import TOOL_SCHEMAS
+from merlin_flow.workspace.environment import prepare_worktree, step_confinement
+from merlin_flow.workspace.exit_commands import run_exit_command
+from merlin_flow.workspace.git import add_worktree, diff, remove_worktree
+from merlin_flow.workspace.process import CommandResult
+from merlin_flow.workspace.repository import JobRepository, repository_of
+
+log = logging.getLogger(__name__)
+
+MAX_INTEGRATIONS = 5
+"""Merges of one passed step onto a branch that kept moving, before the attempt fails."""
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    """The outcome of one verification, for the step ``held``."""
+
+    held: HeldStep
+    attempt_id: int
+    passed: bool
+    exit_code: int | None  # None: the exit command did not run (agent error, or re-recording)
+    output: str
+    spec: SpecOutcome | None = None  # the spec check, when one ran after a passed command
+    integration: Integration | None = None  # one that failed: a conflict, a failed re-run
+
+    def record_on(self, attempt: Attempt) -> None:
+        if self.exit_code is not None:
+            attempt.exit_code, attempt.output_tail = self.exit_code, self.output
+        if self.spec is not None and self.spec.fails:
+            attempt.error = self.spec.error()
+        if self.integration is not None:
+            attempt.error = self.integration.error
+            attempt.exit_code = self.integration.exit_code
+            attempt.output_tail = self.integration.details
+        attempt.finished_at = attempt.finished_at or utcnow()
+
+    def record_spec_check(self, session: Session, attempt: Attempt) -> None:
+        """The spec check's event in the job's history (warnings reach the summary)."""
+        if self.spec is not None:
+            kind, message = self.spec.event()
+            violations = [str(v) for v in self.spec.result.violations]
+            add_event(
+                session,
+                self.held.job_id,
+                kind,
+                message,
+                self.held.step_key,
+                attempt=attempt.number,
+                policy=self.spec.policy.value,
+                specs=list(self.spec.specs),
+                violations=violations,
+            )
+
+
+def verify_step(
+    db: Database, settings: Settings, job_id: str, step_key: str, token: str
+) -> tuple[Outcome, Dispatch]:
+    """Run the exit command on the last attempt's commit and decide what follows.
+
+    The ``Dispatch`` names the steps the verdict let start and whether the job finished.
+    """
+    with db.reader() as session:
+        job, step = load_step(session, job_id, step_key)
+        if job is None or step is None or job.status in FINAL_JOB_STATUSES:
+            return Outcome.STOP, Dispatch()
+        if step.phase != Phase.VERIFY:
+            return Outcome.STOP, Dispatch()
+        held = HeldStep(
+            db, settings, job_id, step_key, step.id, token, MerlinConfig.model_validate(job.config)
+        )
+        location, branch = job.repo, job.branch
+    repository = repository_of(location, settings)
+    decided: list[Dispatch] = []
+
+    def judge_and_decide(heartbeat: Heartbeat) -> Outcome:
+        verdict = _judge(held, repository)
+        if verdict.passed and verdict.exit_code is not None:
+            verdict = _spec_check(verdict, repository)
+        if heartbeat.lost:
+            raise LeaseLost(f"step {step_key}: lease lost during verification")
+        # A job cancelled meanwhile is checked by _pass and _fail, under the job's lock.
+        if verdict.passed:
+            outcome, dispatch = _integrate_and_pass(verdict, repository, branch, heartbeat)
+        else:
+            outcome, dispatch = _fail(verdict)
+        decided.append(dispatch)
+        return outcome
+
+    outcome = held.work(Phase.VERIFY, judge_and_decide)
+    return outcome, decided[-1] if decided else Dispatch()
+
+
+def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
+    """Run the exit command on the last attempt's commit, if it has one to verify."""
+    with held.db.reader() as session:
+        attempt = session.get_one(Step, held.step_id).attempts[-1]
+        attempt_id, number, status = attempt.id, attempt.number, attempt.status
+        commit, command = attempt.commit, attempt.step.exit_command
+    if status != AttemptStatus.COMMITTED or not commit:
+        # An agent error; or a verify delivered again, after its verdict was recorded.
+        return _Verdict(held, attempt_id, status == AttemptStatus.PASSED, None, "")
+    repository.have(held.job_id, commit)
+    worktree = held.worktree(f"{held.step_key}-{number}-verify")
+    try:
+        _, result = _run_in_worktree(held, repository, commit, worktree, command)
+    except SetupFailed as exc:
+        # The attempt's commit changed the files setup depends on, and setup no longer
+        # succeeds: the attempt failed, not the job (setup passed at the step's start
+        # commit before the attempt ran).
+        result = CommandResult(1, str(exc), timed_out=False, duration=0.0)
+    return _Verdict(held, attempt_id, result.ok, result.exit_code, result.output_tail)
+
+
+def _run_in_worktree(
+    held: HeldStep, repository: JobRepository, commit: str, worktree: Path, *commands: str
+) -> tuple[str, CommandResult]:
+    """Run exit commands on ``commit``, in its environment, in one worktree of its own.
+
+    They run in order until one fails; returns the last one run and its result.
+    """
+    environment = step_environment(held, repository, commit)
+    try:
+        add_worktree(repository.path, worktree, commit)
+        prepare_worktree(environment, worktree)
+        confinement = step_confinement(worktree, environment, held.config)
+        for command in commands:
+            result = run_exit_command(command, confinement, held.config)
+            if not result.ok:
+                break
+        return command, result
+    finally:
+        remove_worktree(repository.path, worktree)
+
+
+def _spec_check(verdict: _Verdict, repository: JobRepository) -> _Verdict:
+    """The passed attempt, checked against the relevant specs (``spec_review``)."""
+    outcome = review_attempt(verdict.held, verdict.attempt_id, repository)
+    if outcome is None:
+        return verdict
+    return replace(verdict, passed=not outcome.fails, spec=outcome)
+
+
+def _integrate_and_pass(
+    verdict: _Verdict, repository: JobRepository, branch: str, heartbeat: Heartbeat
+) -> tuple[Outcome, Dispatch]:
+    """Move the branch to the passed commit, merged and verified again if the branch moved.
+
+    The branch may move again while the merged tree is verified (another sibling
+    passed): then the step's change is merged onto the new head, up to
+    ``MAX_INTEGRATIONS`` times.
+    """
+    held = verdict.held
+    for _ in range(MAX_INTEGRATIONS):
+        with held.db.reader() as session:
+            job = session.get_one(Job, held.job_id)
+            step = session.get_one(Step, held.step_id)
+            attempt = session.get_one(Attempt, verdict.attempt_id)
+            onto, commit = job.head_commit, attempt.commit or attempt.start_commit
+            base = step.base_commit or attempt.start_commit
+            commands = commands_to_reverify(job.steps, step)
+            message = (
+                f"merlin({step.key}): {step.description.splitlines()[0][:72]}\n\n"
+                f"Job {held.job_id}, attempt {attempt.number}, merged onto {onto[:10]}."
+            )
+            worktree = held.worktree(f"{held.step_key}-{attempt.number}-merged")
+
+        def run(
+            merged: str, commands: list[str], worktree: Path = worktree
+        ) -> tuple[str, CommandResult]:
+            try:
+                return _run_in_worktree(held, repository, merged, worktree, *commands)
+            except SetupFailed as exc:
+                return commands[0], CommandResult(1, str(exc), timed_out=False, duration=0.0)
+
+        repository.have(held.job_id, onto, commit)
+        integration = integrate(repository.path, onto, commit, commands, message, run)
+        if heartbeat.lost:
+            raise LeaseLost(f"step {held.step_key}: lease lost during integration")
+        if integration.commit is None:
+            change = diff(repository.path, base, commit)
+            details = failure_details(integration.details, change)
+            failed = replace(integration, details=details)
+            return _fail(replace(verdict, passed=False, integration=failed))
+        decided = _pass(verdict, repository, branch, integration)
+        if decided is not None:
+            return decided
+    error = f"{INTEGRATION_FAILED}the job branch kept moving while the step was merged onto it"
+    failed = Integration(onto, None, error=error)
+    return _fail(replace(verdict, passed=False, integration=failed))
+
+
+def _pass(
+    verdict: _Verdict, repository: JobRepository, branch: str, integration: Integration
+) -> tuple[Outcome, Dispatch] | None:
+    """Move the branch and record the pass; None if the branch moved since ``integration``."""
+    held = verdict.held
+    commit = integration.commit or integration.onto
+    with held.db.session() as session:
+        job = lock_job(session, held.job_id)
+        if job.status not in FINAL_JOB_STATUSES and job.head_commit != integration.onto:
+            return None  # a sibling passed meanwhile: merge onto the new head
+        attempt = session.get_one(Attempt, verdict.attempt_id)
+        release_step(session, held.step_id, held.token)
+        step = session.get_one(Step, held.step_id)
+        if job.status in FINAL_JOB_STATUSES:  # cancelled meanwhile: the branch stays
+            verdict.record_on(attempt)
+            attempt.status = AttemptStatus.CANCELLED
+        # The branch moves inside the transaction: if the database write then fails, the
+        # lease expires, verify runs again and finds the branch already at `commit`.
+        elif not repository.advance(branch, commit, job.head_commit) and (
+            repository.branch_head(branch) != commit
+        ):
+            reason = (
+                f"step {step.key} passed, but the job branch {branch} was moved by someone "
+                f"else (expected it at {job.head_commit[:10]}); not overwriting it"
+            )
+            fail_job_in_session(session, held.job_id, step, reason)
+        else:
+            dispatch = _complete(session, held.settings, job, step, attempt, verdict, integration)
+            return Outcome.CONTINUE, dispatch
+    finalize_job(held.db, held.settings, held.job_id)
+    return Outcome.STOP, Dispatch()
+
+
+def _complete(
+    session: Session,
+    settings: Settings,
+    job: Job,
+    step: Step,
+    attempt: Attempt,
+    verdict: _Verdict,
+    integration: Integration,
+) -> Dispatch:
+    """Record a passed step where the branch moved; queue the steps its pass lets start."""
+    now = utcnow()
+    verdict.record_on(attempt)
+    attempt.status = AttemptStatus.PASSED
+    step.status = StepStatus.COMPLETED
+    step.result = attempt.summary or f"verified by `{step.exit_command}`"
+    step.error = None
+    step.finished_at = now
+    job.head_commit = integration.commit or integration.onto
+    job.updated_at = now
+    verdict.record_spec_check(session, attempt)
+    if integration.merged:
+        commands = ", ".join(f"`{command}`" for command in integration.commands)
+        add_event(
+            session,
+            job.id,
+            "step_integrated",
+            f"step {step.key} merged onto {integration.onto[:10]} and verified again by {commands}",
+            step.key,
+            onto=integration.onto,
+            commit=job.head_commit,
+            commands=list(integration.commands),
+        )
+    add_event(
+        session,
+        job.id,
+        "step_completed",
+        f"step {step.key} passed on tier {attempt.tier}",
+        step.key,
+    )
+    return start_runnable(session, job, settings.handoff_seconds)
+
+
+def _fail(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
+    held = verdict.held
+    dispatch = Dispatch()
+    with held.db.session() as session:
+        ended = lock_job(session, held.job_id).status in FINAL_JOB_STATUSES
+        step = session.get_one(Step, held.step_id)
+        attempt = session.get_one(Attempt, verdict.attempt_id)
+        verdict.record_on(attempt)
+        if attempt.status != AttemptStatus.ERROR:
+            attempt.status = AttemptStatus.FAILED
+        if verdict.exit_code and verdict.integration is None:
+            add_event(
+                session,
+                held.job_id,
+                "verify_failed",
+                _verify_failure(held.job_id, step, verdict),
+                step.key,
+                attempt=attempt.number,
+                exit_code=verdict.exit_code,
+            )
+        if verdict.integration is not None:
+            add_event(
+                session,
+                held.job_id,
+                "integration_failed",
+                attempt.error or INTEGRATION_FAILED,
+                step.key,
+                attempt=attempt.number,
+                onto=verdict.integration.onto,
+            )
+        session.flush()
+        verdict.record_spec_check(session, attempt)
+        if ended:  # cancelled meanwhile: no fix, no escalation
+            release_step(session, held.step_id, held.token)
+        else:
+            retrying, dispatch = _plan_next(session, verdict, step, attempt)
+            if retrying:
+                return Outcome.RETRY, dispatch
+    finalize_job(held.db, held.settings, held.job_id)  # waits while other steps run
+    return Outcome.STOP, dispatch
+
+
+def _verify_failure(job_id: str, step: Step, verdict: _Verdict) -> str:
+    """A failed exit command in a few lines: the command, its exit code, its last lines."""
+    lines = [line for line in verdict.output.rstrip().splitlines() if line.strip()][-5:]
+    tail = "".join(f"\n    {line}" for line in lines)
+    return (
+        f"`{step.exit_command}` exited with code {verdict.exit_code}:{tail}"
+        f"\n    (all output: merlin logs {job_id} --step {step.key})"
+    )
+
+
+def _plan_next(
+    session: Session, verdict: _Verdict, step: Step, attempt: Attempt
+) -> tuple[bool, Dispatch]:
+    """Plan a fix or an escalation (True), or end the step (False, and what that starts).
+
+    The job ends when the escalation cannot be paid for, or when every tier failed a
+    step whose ``on_failure`` is ``stop``; with ``continue``, the step fails alone.
+    """
+    held = verdict.held
+    config = held.config
+    nxt = decide(
+        failure_of(attempt),
+        attempts=list(step.attempts),
+        tier_index=step.tier_index,
+        next_tier=config.next_tier(step.tier_index, StepType(step.step_type)),
+        limits=config.limits,
+    )
+    over_budget = _escalation_over_budget(held, session, step, nxt)
+    if over_budget is not None:
+        release_step(session, held.step_id, held.token)
+        end_job_in_session(session, held.job_id, step, over_budget, JobStatus.BUDGET_EXCEEDED)
+        return False, Dispatch()
+    if nxt.action not in (Action.FIX, Action.ESCALATE):
+        release_step(session, held.step_id, held.token)
+        reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
+        if step.on_failure == OnFailure.CONTINUE:
+            job = session.get_one(Job, held.job_id)
+            fail_step_in_session(session, job, step, reason)
+            return False, start_runnable(session, job, held.settings.handoff_seconds)
+        fail_job_in_session(session, held.job_id, step, reason)
+        return False, Dispatch()
+    kind = nxt.attempt_kind
+    if kind is AttemptKind.FIX and verdict.integration is not None:
+        kind = AttemptKind.INTEGRATE  # from the branch's new head, not the attempt's commit
+    to_tier = config.tiers[nxt.tier_index].name
+    add_event(
+        session,
+        held.job_id,
+        "escalated" if nxt.action is Action.ESCALATE else "fix_planned",
+        f"attempt {attempt.number} failed ({nxt.reason}); next: {kind} on tier {to_tier}",
+        step.key,
+        from_tier=config.tiers[step.tier_index].name,
+        to_tier=to_tier,
+        reason=nxt.reason[:2000],
+    )
+    hand_off(
+        session,
+        held.step_id,
+        held.token,
+        Phase.ATTEMPT,
+        held.settings.handoff_seconds,
+        next_kind=kind.value,
+        tier_index=nxt.tier_index,
+    )
+    return True, Dispatch()
+
+
+def _escalation_over_budget(
+    held: HeldStep, session: Session, step: Step, nxt: Decision
+) -> str | None:
+    """Why the planned escalation cannot be paid for, or None when it can."""
+    budget = session.get_one(Job, held.job_id).budget_usd
+    if nxt.action is not Action.ESCALATE or budget is None:
+        return None
+    messages = first_messages(step_brief(step), feedback_for(AttemptKind.ESCALATE, step.attempts))
+    guard = BudgetGuard(held.db, held.job_id, budget, held.config.limits.expected_completion_tokens)
+    try:
+        guard.check(held.config.tiers[nxt.tier_index], messages, TOOL_SCHEMAS, "escalating")
+    except BudgetExceeded as exc:
+        return f"step {step.key} stopped before escalating: {exc}"
+    return None

@@ -1,0 +1,121 @@
+"""Reports of a finished job: JUnit XML for CI (a test case per step), the Markdown summary.
+
+Files for pipelines are written atomically (a temporary file renamed into place), so a
+pipeline never reads half a report.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from merlin_flow.store.status import StepStatus
+
+if TYPE_CHECKING:
+    from merlin_flow.jobs.views import JobView
+    from merlin_flow.store import Job
+
+
+def junit_xml(view: JobView) -> str:
+    """The job (``jobs.job_view``) as a JUnit XML document: a test case per step."""
+    steps = view["steps"]
+    failures = sum(1 for s in steps if s["status"] == StepStatus.FAILED)
+    unfinished = (StepStatus.SKIPPED, StepStatus.PENDING, StepStatus.IN_PROGRESS)
+    skipped = sum(1 for s in steps if s["status"] in unfinished)
+    suites = ET.Element("testsuites")
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=f"merlin job {view['id']}: {view['title']}",
+        tests=str(len(steps)),
+        failures=str(failures),
+        errors="0",
+        skipped=str(skipped),
+        time=f"{_seconds(view['started_at'], view['finished_at']):.3f}",
+    )
+    properties = ET.SubElement(suite, "properties")
+    for name in ("id", "status", "branch", "base_commit", "head_commit", "cost_usd"):
+        value = "unknown" if name == "cost_usd" and view[name] is None else str(view[name])
+        ET.SubElement(properties, "property", name=f"merlin.{name}", value=value)
+    for step in steps:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"merlin.{view['id']}",
+            name=f"{step['id']} ({step['step_type']})",
+            time=f"{_seconds(step.get('started_at'), step.get('finished_at')):.3f}",
+        )
+        attempts = "\n".join(
+            f"attempt {a['number']}: {a['kind']}@{a['tier']} -> {a['status']}"
+            + (f" (exit code {a['exit_code']})" if a["exit_code"] is not None else "")
+            for a in step["attempts"]
+        )
+        if step["status"] == StepStatus.FAILED:
+            failure = ET.SubElement(case, "failure", message=(step["error"] or "failed")[:500])
+            last = step["attempts"][-1] if step["attempts"] else None
+            tail = (last["output_tail"] if last else None) or ""
+            failure.text = f"{attempts}\n\n{tail}".strip()
+        elif step["status"] != StepStatus.COMPLETED:
+            ET.SubElement(case, "skipped", message=step["result"] or "not run")
+        else:
+            ET.SubElement(
+                case, "system-out"
+            ).text = f"{attempts}\nexit command: {step['exit_command']}"
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+    path = path.expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _seconds(started: str | None, finished: str | None) -> float:
+    if not started or not finished:
+        return 0.0
+    begin = datetime.fromisoformat(started.removesuffix("Z"))
+    end = datetime.fromisoformat(finished.removesuffix("Z"))
+    return max(0.0, (end - begin).total_seconds())
+
+
+def job_summary(job: Job, patch_error: str | None = None, warnings: Sequence[str] = ()) -> str:
+    """A Markdown summary of a finished job: outcome, each step's attempts, the warnings.
+
+    ``warnings``: what the job's history says should be read (the spec check's
+    ``spec_warning`` events).
+    """
+    lines = [
+        f"# {job.title}",
+        "",
+        f"- job: {job.id}, status: **{job.status}**",
+        f"- repository: {job.repo}",
+        f"- branch: {job.branch} ({job.base_commit[:10]}..{job.head_commit[:10]})",
+    ]
+    if job.error:
+        lines.append(f"- error: {job.error}")
+    if patch_error:
+        lines.append(f"- patch: not written, the repository could not be read: {patch_error}")
+    lines += ["", "| step | type | status | attempts (kind@tier: exit code) |", "|---|---|---|---|"]
+    for step in job.steps:
+        attempts = ", ".join(
+            f"{a.kind}@{a.tier}: {a.exit_code if a.exit_code is not None else a.status}"
+            for a in step.attempts
+        )
+        lines.append(f"| {step.key} | {step.step_type} | {step.status} | {attempts} |")
+    if warnings:
+        lines += ["", "## Warnings", "", *(f"- {warning}" for warning in warnings)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,304 @@
+"""Jobs made from a request in plain words: planned, approved, then run; or answered.
+
+``submit_request`` checks what ``submit_job`` checks (the repository, the configuration
+read from the commit the job starts at, a usable tier, the ``@path`` files), records the
+job in status ``planning`` and plans it where it was submitted (``plan_job``). The
+planner's calls are journaled against the job, so a job whose planning was cut off (its
+process died) is planned again by ``merlin resume``, replaying the answers already paid
+for. Then:
+
+- a **question** is answered by a read-only agent (``questions``); the job completes
+  with the answer as its result, and has no step and no branch;
+- a **single action** is approved at once: its one step is what was asked for;
+- a **plan** waits in ``awaiting_approval`` with the request, the planner's raw answers
+  and the parsed steps. ``approve_job`` (``merlin approve``, or ``--yes`` at submission)
+  makes the job branch and the step rows, possibly from an edited TaskList, and records
+  who approved it and when; the caller enqueues it. ``reject_job`` ends it as
+  ``rejected``.
+"""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from merlin_flow.agents.choice import choose_agents
+from merlin_flow.agents.definitions import load_agents
+from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config
+from merlin_flow.engine.budget import require_priced_tiers
+from merlin_flow.engine.lifecycle import add_event
+from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.jobs.submission import (
+    add_steps,
+    check_budget,
+    check_exit_commands,
+    default_exit_commands,
+    left_out_warnings,
+    new_job_id,
+)
+from merlin_flow.models.credentials import require_a_usable_tier
+from merlin_flow.models.endpoints import pin_endpoints
+from merlin_flow.models.journal import JobCalls
+from merlin_flow.models.llm import ModelCall, complete
+from merlin_flow.planning.context import RepositoryContext, read_context
+from merlin_flow.planning.planner import Plan, make_plan, plan_json
+from merlin_flow.planning.reading import to_tasklist
+from merlin_flow.planning.requests import Classification, RequestKind, classify
+from merlin_flow.planning.specs import relevant_constraints
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Job, JobStatus, utcnow
+from merlin_flow.store.database import write_patiently
+from merlin_flow.tasklist import TaskList
+from merlin_flow.tools.permissions import Permissions
+from merlin_flow.workspace.git import job_branch
+from merlin_flow.workspace.repository import (
+    JobRepository,
+    refusals_as_input_errors,
+    repository_for_input,
+    repository_of,
+)
+
+TITLE_CHARS = 80
+SPEC_CHARS = 6000
+"""The most the relevant specs' constraints may take of the planner's prompt."""
+
+
+@dataclass(frozen=True)
+class RequestSubmission:
+    """A job made from a request, planned (or answered), and where it stands."""
+
+    job_id: str
+    config: MerlinConfig
+    status: str
+    """``awaiting_approval``, ``pending`` (approved: enqueue it) or ``completed`` (answered)."""
+    warnings: tuple[str, ...] = ()
+
+
+def submit_request(
+    db: Database,
+    settings: Settings,
+    request: str,
+    repo: str,
+    config_path: Path | None = None,
+    budget_usd: float | None = None,
+    *,
+    approved_by: str | None = None,
+    check_tiers: bool = True,
+    call_model: ModelCall = complete,
+) -> RequestSubmission:
+    """Check and record a request's job, then plan it (``approved_by``: approve it too).
+
+    Raises InputError (exit code 2) before anything is written: an empty request, a
+    repository or configuration that does not hold, an ``@path`` the commit lacks.
+    """
+    request = request.strip()
+    if not request:
+        raise InputError("the request is empty: say what to do")
+    check_budget(budget_usd)
+    repository = repository_for_input(repo, settings)
+    with refusals_as_input_errors(repository):
+        base = repository.base_commit()
+    with repository.files_at(base) as files:
+        config = pin_endpoints(load_config(files, config_path, settings.home_dir))
+    if check_tiers:
+        require_a_usable_tier(config)
+    kind = classify(request)
+    if kind.files:  # a missing @path is refused before anything is written
+        read_context(
+            repository.path,
+            base,
+            kind.files,
+            config.planning.context_tokens,
+            readable=Permissions(config.permissions).path_readable,
+        )
+    job_id = new_job_id()
+
+    def write(session: Session) -> None:
+        session.add(
+            Job(
+                id=job_id,
+                title=_title(request),
+                repo=repository.location,
+                status=JobStatus.PLANNING,
+                branch=job_branch(job_id),
+                base_commit=base,
+                head_commit=base,
+                tasklist={},
+                config=config.model_dump(mode="json"),
+                budget_usd=budget_usd if budget_usd is not None else config.budget_usd,
+                request=request,
+            )
+        )
+        add_event(session, job_id, "job_submitted", f"request submitted: {_title(request)}")
+
+    # One transaction, tried again if an outage cuts it (never recorded twice).
+    write_patiently(db, write, lambda s: s.get(Job, job_id) is not None, f"job {job_id}")
+    status = plan_job(db, settings, job_id, call_model)
+    single = kind.kind is RequestKind.SINGLE  # the one step asked for: nothing to review
+    if status == JobStatus.AWAITING_APPROVAL and (approved_by is not None or single):
+        approve_job(db, settings, job_id, approved_by)
+        status = JobStatus.PENDING
+    inputs = [p for p in (config_path,) if p is not None] + [repository.path / CONFIG_FILE_NAME]
+    warnings = left_out_warnings(repository, repo, base, inputs)
+    return RequestSubmission(job_id, config, status, warnings)
+
+
+def request_context(
+    repository: JobRepository, base: str, config: MerlinConfig, request: str
+) -> Callable[[Classification], RepositoryContext]:
+    """What ``make_plan`` reads of the repository: attached files, README, tree, specs."""
+
+    def read(kind: Classification) -> RepositoryContext:
+        specs = config.specs
+        constraints, _paths = relevant_constraints(
+            repository.path, base, specs.paths, specs.top, request, SPEC_CHARS
+        )
+        budget = config.planning.context_tokens
+        readable = Permissions(config.permissions).path_readable
+        return read_context(repository.path, base, kind.files, budget, constraints, readable)
+
+    return read
+
+
+def plan_job(
+    db: Database, settings: Settings, job_id: str, call_model: ModelCall = complete
+) -> str:
+    """Plan (or answer) a job in status ``planning``; its status afterwards."""
+    with db.reader() as session:
+        job = _job(session.get(Job, job_id), job_id)
+        if job.status != JobStatus.PLANNING or job.request is None:
+            raise InputError(f"job {job_id} is {job.status}, not planning")
+        request, location, base = job.request, job.repo, job.base_commit
+        config = MerlinConfig.model_validate(job.config)
+    repository = repository_of(location, settings)
+    calls = JobCalls(db, job_id, call_model)
+    if classify(request).kind is RequestKind.QUESTION:
+        from merlin_flow.planning.questions import answer_question
+
+        answer = answer_question(repository, base, config, request, calls)
+        with db.session() as session:
+            job = session.get_one(Job, job_id)
+            job.answer = answer.text
+            job.plan = {"kind": "question", "error": answer.error}
+            job.status = JobStatus.COMPLETED if answer.error is None else JobStatus.FAILED
+            job.error = answer.error
+            job.finished_at = utcnow()
+            add_event(session, job_id, "question_answered", answer.error or "question answered")
+            return job.status
+    made = make_plan(request, config, request_context(repository, base, config, request), calls)
+    tasklist = to_tasklist(request, made.steps)
+    with db.session() as session:
+        job = session.get_one(Job, job_id)
+        job.title = tasklist.title
+        job.tasklist = tasklist.model_dump(mode="json")
+        job.plan = plan_record(made, job.tasklist)
+        job.status = JobStatus.AWAITING_APPROVAL
+        how = "fallback plan" if made.fallback else f"plan of {len(tasklist.steps)} step(s)"
+        add_event(session, job_id, "plan_ready", f"{how}: waiting for approval")
+    return JobStatus.AWAITING_APPROVAL
+
+
+def plan_record(made: Plan, tasklist: dict[str, Any]) -> dict[str, Any]:
+    """What the job keeps of its planning: ``plan --json``'s fields, answers and problems."""
+    return {
+        **plan_json(made, dict(tasklist, steps=[dict(s) for s in tasklist["steps"]])),
+        "reason": made.classification.reason,
+        "answers": made.answers,
+        "problems": made.problems,
+        "steps": [asdict(step) for step in made.steps],
+        "prompt_tokens": made.prompt_tokens,
+        "completion_tokens": made.completion_tokens,
+        "cost_usd": made.cost_usd,
+        "seconds": round(made.seconds, 3),
+        "approved_by": None,
+        "approved_at": None,
+    }
+
+
+def approve_job(
+    db: Database,
+    settings: Settings,
+    job_id: str,
+    approved_by: str | None = None,
+    tasklist: TaskList | None = None,
+) -> None:
+    """Accept a job's plan (or ``tasklist``, an edited one): its branch and steps are made.
+
+    The job is then ``pending``; the caller enqueues it. InputError when the job does not
+    wait for approval, or the TaskList cannot run (unpriced tiers under a budget...).
+    """
+    with db.reader() as session:
+        job = _waiting(session.get(Job, job_id), job_id, "approved")
+        location, base = job.repo, job.base_commit
+        config = MerlinConfig.model_validate(job.config)
+        chosen = tasklist or TaskList.model_validate(job.tasklist)
+        budget = job.budget_usd
+    chosen.check_submittable()
+    require_priced_tiers(config, chosen, budget)
+    repository = repository_of(location, settings)
+    with refusals_as_input_errors(repository), repository.files_at(base) as files:
+        commands = default_exit_commands(chosen, config, files)
+        agents = choose_agents(chosen.steps, config, load_agents(files, settings.home_dir))
+    check_exit_commands(chosen, config, commands)
+    with db.session() as session:
+        job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "approved")
+        with refusals_as_input_errors(repository):
+            repository.start_branch(job.branch, base)
+        try:
+            job.tasklist = chosen.model_dump(mode="json")
+            job.title = chosen.title
+            add_steps(job, chosen, config, commands, settings, agents)
+            who = approved_by or user_name()
+            job.plan = dict(job.plan or {}, approved_by=who, approved_at=utcnow().isoformat())
+            job.plan["edited"] = tasklist is not None
+            job.status = JobStatus.PENDING
+            edited = " (edited)" if tasklist is not None else ""
+            add_event(session, job_id, "plan_approved", f"plan approved by {who}{edited}")
+            session.flush()
+        except BaseException:
+            repository.drop_branch(job.branch)
+            raise
+
+
+def reject_job(db: Database, job_id: str, rejected_by: str | None = None) -> None:
+    """End a job waiting for approval as ``rejected``: no step runs, no branch is made."""
+    with db.session() as session:
+        job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "rejected")
+        who = rejected_by or user_name()
+        job.status = JobStatus.REJECTED
+        job.finished_at = utcnow()
+        job.plan = dict(job.plan or {}, rejected_by=who, rejected_at=utcnow().isoformat())
+        add_event(session, job_id, "plan_rejected", f"plan rejected by {who}")
+
+
+def _job(job: Job | None, job_id: str) -> Job:
+    if job is None:
+        raise JobNotFoundError(f"no job with id {job_id!r}")
+    return job
+
+
+def _waiting(job: Job | None, job_id: str, verb: str) -> Job:
+    job = _job(job, job_id)
+    if job.status != JobStatus.AWAITING_APPROVAL:
+        raise InputError(
+            f"job {job_id} is {job.status}; only a job awaiting approval can be {verb}"
+        )
+    return job
+
+
+def _title(request: str) -> str:
+    line = request.strip().splitlines()[0]
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
+
+
+def user_name() -> str:
+    """Who approves or rejects: the login name of this process."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return "unknown"

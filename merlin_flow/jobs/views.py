@@ -1,0 +1,342 @@
+"""Reading jobs back: the views ``status``, ``list``, ``logs`` and ``watch`` print.
+
+Each view is JSON-ready data (what ``--json`` prints, documented in docs/reference.md).
+Creating a job is ``merlin_flow.jobs.submission``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypedDict
+
+from sqlalchemy import func, select
+
+from merlin_flow.engine.graph import is_complete, is_finished, waiting_on
+from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.jobs.costs import UNPRICED, CostFields, cost_fields
+from merlin_flow.settings import Settings
+from merlin_flow.store import (
+    Attempt,
+    AttemptStatus,
+    Database,
+    Event,
+    Job,
+    LlmCall,
+    Step,
+    StepStatus,
+)
+from merlin_flow.workspace.git import diff
+from merlin_flow.workspace.repository import repository_of
+
+
+class AttemptView(CostFields):
+    """One attempt, as ``merlin status --json`` shows it."""
+
+    number: int
+    kind: str
+    tier: str
+    model: str
+    status: str
+    commit: str | None
+    exit_code: int | None
+    error: str | None
+    output_tail: str | None
+    turns: int | None
+    runs: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class StepView(TypedDict):
+    """One step of a job view."""
+
+    id: str
+    step_type: str
+    description: str
+    status: str
+    tier: str | None
+    complexity: str | None
+    exit_command: str
+    depends_on: list[str]
+    """The steps that must pass before this one starts (a plain list: the one before)."""
+    waiting_on: list[str]
+    """Of those, the ones that have not passed yet."""
+    on_failure: str
+    """``stop`` or ``continue``: what this step's failure does to the job."""
+    agent: str | None
+    """The step's agent (None: merlin's plain coding agent)."""
+    agent_choice: str | None
+    """How it was chosen: ``named``, ``default`` or ``autodelegated``."""
+    agent_score: float | None
+    """For an autodelegated agent, its match score (``[agents] min_score``)."""
+    error: str | None
+    result: str | None
+    """What the step did; for a skipped step, why it was skipped."""
+    started_at: str | None
+    finished_at: str | None
+    deliveries: int
+    recoveries: int
+    attempts: list[AttemptView]
+
+
+class JobView(CostFields):
+    """A whole job: what ``merlin status --json`` prints (docs/reference.md)."""
+
+    id: str
+    title: str
+    repo: str
+    status: str
+    branch: str
+    base_commit: str
+    head_commit: str
+    error: str | None
+    budget_usd: float | None
+    replay_of: str | None
+    patch: str | None
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    progress: dict[str, int]
+    finished: bool
+    """Every step passed, failed or was skipped."""
+    complete: bool
+    """Every step passed."""
+    steps: list[StepView]
+    request: str | None
+    """The request in plain words the job was made from (None for a TaskList's)."""
+    plan: dict[str, Any] | None
+    """How the request was planned and approved (``requesting.plan_record``)."""
+    answer: str | None
+    """A question's answer."""
+
+
+class JobListEntry(TypedDict):
+    """One job of ``merlin list --json``."""
+
+    id: str
+    status: str
+    title: str
+    repo: str
+    branch: str
+    created_at: str | None
+    finished_at: str | None
+
+
+class EventView(TypedDict):
+    """One event of a job's history."""
+
+    id: int
+    kind: str
+    step_key: str | None
+    message: str
+    data: dict[str, Any] | None
+    created_at: str | None
+
+
+class LogEntry(AttemptView):
+    """One attempt with its step, transcript and output: ``merlin logs --json``."""
+
+    step: str
+    exit_command: str
+    transcript: list[dict[str, Any]]
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat(timespec="seconds") + "Z" if value else None
+
+
+def attempt_view(attempt: Attempt, unpriced_calls: int = 0) -> AttemptView:
+    """One attempt as JSON-ready data (its cost is unknown when calls were unpriced)."""
+    return {
+        "number": attempt.number,
+        "kind": attempt.kind,
+        "tier": attempt.tier,
+        "model": attempt.model,
+        "status": attempt.status,
+        "commit": attempt.commit,
+        "exit_code": attempt.exit_code,
+        "error": attempt.error,
+        "output_tail": attempt.output_tail,
+        "turns": attempt.turns,
+        "runs": attempt.runs,
+        "prompt_tokens": attempt.prompt_tokens,
+        "completion_tokens": attempt.completion_tokens,
+        **cost_fields(attempt.cost_usd, unpriced_calls),
+    }
+
+
+def job_view(db: Database, job_id: str) -> JobView:
+    """The full state of a job: what ``merlin status --json`` prints."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        cost = session.scalar(
+            select(func.coalesce(func.sum(LlmCall.cost_usd), 0.0)).where(LlmCall.job_id == job_id)
+        )
+        unpriced = dict(
+            session.execute(
+                select(LlmCall.attempt_id, func.count())
+                .where(LlmCall.job_id == job_id, *UNPRICED)
+                .group_by(LlmCall.attempt_id)
+            ).all()
+        )
+        tiers = [tier["name"] for tier in job.config.get("tiers", [])]
+        steps: list[StepView] = []
+        for step in job.steps:
+            steps.append(
+                {
+                    "id": step.key,
+                    "step_type": step.step_type,
+                    "description": step.description,
+                    "status": step.status,
+                    "tier": tiers[step.tier_index] if step.tier_index < len(tiers) else None,
+                    "complexity": step.complexity,
+                    "exit_command": step.exit_command,
+                    "depends_on": list(step.depends_on or []),
+                    "waiting_on": waiting_on(job.steps, step),
+                    "on_failure": step.on_failure,
+                    "agent": step.agent,
+                    "agent_choice": step.agent_choice,
+                    "agent_score": step.agent_score,
+                    "error": step.error,
+                    "result": step.result,
+                    "started_at": _iso(step.started_at),
+                    "finished_at": _iso(step.finished_at),
+                    "deliveries": step.deliveries,
+                    "recoveries": step.recoveries,
+                    "attempts": [attempt_view(a, unpriced.get(a.id, 0)) for a in step.attempts],
+                }
+            )
+        counts = {status.value: 0 for status in StepStatus}
+        for step in job.steps:
+            counts[step.status] += 1
+        return {
+            "id": job.id,
+            "title": job.title,
+            "repo": job.repo,
+            "status": job.status,
+            "branch": job.branch,
+            "base_commit": job.base_commit,
+            "head_commit": job.head_commit,
+            "error": job.error,
+            **cost_fields(float(cost or 0.0), sum(unpriced.values())),
+            "budget_usd": job.budget_usd,
+            "replay_of": job.replay_of,
+            "patch": job.patch_path,
+            "created_at": _iso(job.created_at),
+            "started_at": _iso(job.started_at),
+            "finished_at": _iso(job.finished_at),
+            "progress": {"total": len(job.steps), **counts},
+            "finished": bool(job.steps) and is_finished(step.status for step in job.steps),
+            "complete": bool(job.steps) and is_complete(step.status for step in job.steps),
+            "steps": steps,
+            "request": job.request,
+            "plan": job.plan,
+            "answer": job.answer,
+        }
+
+
+def list_jobs(db: Database, limit: int = 50) -> list[JobListEntry]:
+    """The newest jobs, newest first: what ``merlin list --json`` prints."""
+    with db.reader() as session:
+        jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)).all()
+        return [
+            {
+                "id": job.id,
+                "status": job.status,
+                "title": job.title,
+                "repo": job.repo,
+                "branch": job.branch,
+                "created_at": _iso(job.created_at),
+                "finished_at": _iso(job.finished_at),
+            }
+            for job in jobs
+        ]
+
+
+def job_status(db: Database, job_id: str) -> str:
+    """Just the status of a job."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        return job.status
+
+
+def events_since(db: Database, job_id: str, after_id: int = 0) -> list[EventView]:
+    """The job's events with an id above ``after_id``, oldest first."""
+    with db.reader() as session:
+        rows = session.scalars(
+            select(Event).where(Event.job_id == job_id, Event.id > after_id).order_by(Event.id)
+        ).all()
+        return [
+            {
+                "id": row.id,
+                "kind": row.kind,
+                "step_key": row.step_key,
+                "message": row.message,
+                "data": row.data,
+                "created_at": _iso(row.created_at),
+            }
+            for row in rows
+        ]
+
+
+def job_diff(db: Database, settings: Settings, job_id: str) -> str:
+    """The diff of the job's branch so far: base commit to its last verified step."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        location, base, head = job.repo, job.base_commit, job.head_commit
+    repository = repository_of(location, settings)
+    repository.have(job_id, base, head)
+    return diff(repository.path, base, head)
+
+
+def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[LogEntry]:
+    """Every attempt of the job (or of one step), with its transcript and command output."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        steps = [s for s in job.steps if step_key is None or s.key == step_key]
+        if step_key is not None and not steps:
+            known = ", ".join(s.key for s in job.steps)
+            raise InputError(f"job {job_id} has no step {step_key!r}; its steps: {known}")
+        return [
+            {
+                "step": step.key,
+                "exit_command": step.exit_command,
+                **attempt_view(attempt),
+                "transcript": attempt.transcript or [],
+            }
+            for step in steps
+            for attempt in step.attempts
+        ]
+
+
+def last_tool_calls(db: Database, job_id: str) -> dict[str, str]:
+    """For each step whose agent is working now: its latest tool call, as one line."""
+    with db.reader() as session:
+        attempts = session.scalars(
+            select(Attempt)
+            .join(Step, Attempt.step_id == Step.id)
+            .where(Step.job_id == job_id, Attempt.status == AttemptStatus.RUNNING)
+        ).all()
+        calls = {}
+        for attempt in attempts:
+            line = tool_call_line(attempt.transcript or [])
+            if line:
+                calls[attempt.step.key] = line
+        return calls
+
+
+def tool_call_line(messages: list[dict[str, Any]]) -> str | None:
+    """The conversation's latest tool call: ``run_command {"command": "pytest -q"}``."""
+    for message in reversed(messages):
+        for call in reversed(message.get("tool_calls") or []):
+            function = call.get("function", {})
+            return f"{function.get('name')} {str(function.get('arguments', ''))[:200]}"
+    return None

@@ -1,0 +1,1 @@
+"""Model calls: litellm, the journal, the scripted model, endpoints, credentials."""

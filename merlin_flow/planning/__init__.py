@@ -1,0 +1,1 @@
+"""From a request to a TaskList: classifying, planning, questions, specs, routing."""

@@ -1,0 +1,80 @@
+"""Answering a question about a repository: a read-only agent, no branch, no commit.
+
+A request that asks rather than orders (``requests.classify``) is answered by the
+planning tier's model with the tools that read, list and grep only
+(``tools.READ_ONLY_TOOLS``), in a detached worktree of the commit the job starts at,
+removed afterwards. There is no exit command and nothing is committed. The model's last
+message is the answer; a model that fails, or runs out of turns, gives an answer-less
+job whose error says why (expected input, never a crash).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from merlin_flow.agents.loop import converse
+from merlin_flow.config import MerlinConfig
+from merlin_flow.errors import StepFailure
+from merlin_flow.models.llm import ModelCall
+from merlin_flow.planning.context import read_context
+from merlin_flow.planning.requests import classify
+from merlin_flow.tools.permissions import Permissions
+from merlin_flow.tools.toolbox import READ_ONLY_TOOLS, Toolbox
+from merlin_flow.workspace.git import add_worktree, remove_worktree
+from merlin_flow.workspace.repository import JobRepository
+
+QUESTION_PROMPT = """\
+You answer questions about a software repository, whose files are your working \
+directory. You can read files, list them and search them with grep; you cannot change \
+anything and cannot run commands. Look at what you need, then answer in plain words, \
+naming the files (and lines) your answer rests on. Your last message, without a tool \
+call, is the answer."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A question's answer, or why there is none."""
+
+    text: str | None
+    error: str | None = None
+
+
+def answer_question(
+    repository: JobRepository,
+    base: str,
+    config: MerlinConfig,
+    question: str,
+    call_model: ModelCall,
+) -> Answer:
+    """Ask the planning tier ``question`` about ``repository`` at ``base``."""
+    tier = config.planning_tier()
+    attached = classify(question).files
+    readable = Permissions(config.permissions).path_readable
+    context = read_context(
+        repository.path, base, attached, config.planning.context_tokens, readable=readable
+    )
+    messages = [
+        {"role": "system", "content": QUESTION_PROMPT},
+        {"role": "user", "content": f"Question:\n{question}\n\nThe repository:\n{context.text()}"},
+    ]
+    folder = repository.scratch / f"question-{uuid.uuid4().hex[:8]}"
+    add_worktree(repository.path, folder, base)
+    try:
+        permissions = Permissions(config.permissions, root=folder)  # as for a step's tools
+        toolbox = Toolbox(
+            folder,
+            only=READ_ONLY_TOOLS,
+            gate=permissions.check_call,
+            readable=permissions.path_readable,
+        )
+        result = converse(
+            tier, messages, toolbox, lambda *_: None, limits=config.limits, call_model=call_model
+        )
+    except StepFailure as exc:  # the model failed for good, or ran out of turns
+        return Answer(None, f"the question could not be answered: {exc}")
+    finally:
+        remove_worktree(repository.path, folder)
+    if not result.summary:
+        return Answer(None, "the model gave no answer")
+    return Answer(result.summary)

@@ -1,0 +1,1 @@
+"""The toolbox an agent works with: its tools, their schemas, permissions, MCP."""

@@ -1,0 +1,1 @@
+"""Where a step's work happens: git, the repository, environment, sandbox, processes."""

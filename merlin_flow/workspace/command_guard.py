@@ -1,0 +1,119 @@
+"""A command's guard: it dies with its worker, and takes the command along.
+
+``merlin_flow.workspace.process.run_command`` starts every command (the agent's ``run_command``,
+exit commands, environment setup) behind this guard, in a process group of its own::
+
+    python -I -S command_guard.py <worker pid> -- <argv...>
+
+The guard asks the kernel for SIGTERM when the thread that started it exits
+(``PR_SET_PDEATHSIG``): the worker thread that waits for the command, which exits only
+when its whole process does (a SIGKILL, the OOM killer). On that signal, or if the
+worker was already gone when the guard started, it SIGKILLs every process carrying the
+command's mark (``MARK_VARIABLE``, inherited by everything the command starts, even a
+``setsid`` daemon) and then its own process group, within milliseconds of the kill;
+another worker resumes the attempt at the soonest after the next recovery sweep, a
+message, a claim, a worktree and a model turn. So no command of a killed worker runs
+beside the attempt that another worker resumes. The guard itself passes the
+command's exit status on: its exit code, or the signal that killed it.
+
+This file imports a few standard modules only (no ``subprocess``, no ``pathlib``): it
+runs as a script with ``-I -S``, so that starting it costs about 20 ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+from types import FrameType
+
+MARK_VARIABLE = "MERLIN_COMMAND_MARK"
+"""The variable whose value marks one command's processes, to kill them afterwards."""
+PR_SET_PDEATHSIG = 1
+NOT_STARTED_EXIT_CODE = 127
+PROC = "/proc"
+
+
+def kill_marked(mark: str) -> int:
+    """SIGKILL every process whose environment holds ``MARK_VARIABLE=mark``; how many.
+
+    Runs until a pass finds none (a marked process may fork while the others die), at
+    most a few passes. Without ``/proc`` (macOS) nothing is found. The calling process is
+    spared: the guard carries the mark too.
+    """
+    entry = f"{MARK_VARIABLE}={mark}".encode()
+    killed = 0
+    for _ in range(5):
+        found = [pid for pid in _pids() if pid != os.getpid() and entry in _environ(pid)]
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed += len(found)
+        if not found:
+            break
+    return killed
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(name) for name in os.listdir(PROC) if name.isdigit()]
+    except OSError:
+        return []
+
+
+def _environ(pid: int) -> list[bytes]:
+    """The environment a process started with (empty when it is gone or not ours)."""
+    try:
+        with open(f"{PROC}/{pid}/environ", "rb") as file:
+            return file.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _die_with_parent() -> None:
+    """Ask for SIGTERM when the parent thread exits (Linux; elsewhere nothing happens)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _kill_everything(*_: object) -> None:
+    """Kill the command's marked processes and this process group (the guard included)."""
+    mark = os.environ.get(MARK_VARIABLE)
+    if mark:
+        kill_marked(mark)
+    if os.getpgrp() == os.getpid():  # never a group the guard does not lead
+        os.killpg(0, signal.SIGKILL)
+    os._exit(137)
+
+
+def main(argv: list[str]) -> int:
+    """Run ``argv[2:]`` (after ``<worker pid> --``) until it ends or the worker dies."""
+    worker, command = int(argv[0]), argv[2:]
+    signal.signal(signal.SIGTERM, _on_signal)
+    _die_with_parent()
+    if os.getppid() != worker:  # the worker died before the guard asked to follow it
+        _kill_everything()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            print(f"cannot run {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        os._exit(NOT_STARTED_EXIT_CODE)
+    code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    if code < 0:  # killed by a signal: end the same way, so the worker sees it
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code  # a signal whose default is to be ignored
+    return code
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _kill_everything()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

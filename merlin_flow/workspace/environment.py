@@ -1,0 +1,438 @@
+"""The project's own environment: built once per cache key, reused by every attempt.
+
+A step's commands must run with the project's dependencies, on the attempt's code. The
+environment is built by ``[environment] setup`` (or the default for the project's kind)
+inside the sandbox, with the project checked out at ``/workspace`` and the environment
+at ``/merlin/env``. Attempts later see their own worktree at the same ``/workspace``, so
+an editable install made by setup resolves to the attempt's code, never to the user's
+checkout or to another attempt.
+
+Built environments live in ``$MERLIN_HOME/envs/<repo>-<key>``. The key hashes the setup
+commands, the sandbox mode, the interpreter and the content of the ``cache_key`` files
+at the commit, so every job and attempt of a repository shares one environment while
+those files are unchanged. One build at a time per key (an flock); a build that fails
+leaves nothing behind and fails the job with its output.
+
+Default setup by project kind, when ``setup`` is unset: Python projects get a uv virtual
+environment with the project installed editable with its test extras (or, for a project
+that is not installable, its requirements), and pytest. Other kinds get no environment:
+their commands run with the system's toolchains.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import hashlib
+import json
+import re
+import shlex
+import shutil
+import sys
+import time
+import tomllib
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.errors import SetupFailed
+from merlin_flow.settings import Settings
+from merlin_flow.workspace.exit_commands import MARKERS, ProjectKind
+from merlin_flow.workspace.git import add_worktree, git, remove_worktree, run_git
+from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
+
+FORMAT = 1
+"""Bumped when the layout of a built environment changes, so old ones are not reused."""
+DEFAULT_CACHE_KEY = (
+    "pyproject.toml",
+    "setup.py",
+    "setup.cfg",
+    "requirements*.txt",
+    "*requirements.txt",
+    "uv.lock",
+    "poetry.lock",
+    "Pipfile.lock",
+    "package.json",
+    "package-lock.json",
+    "Cargo.lock",
+    "go.sum",
+)
+TEST_EXTRAS = ("test", "tests", "testing")
+REQUIREMENT_FILES = (
+    "requirements.txt",
+    "requirements-test.txt",
+    "requirements-dev.txt",
+    "test-requirements.txt",
+    "dev-requirements.txt",
+)
+MARKER_FILE = ".merlin-env.json"
+OVERLAY_DIR = ".merlin-workspace"
+"""Files setup generated in the (git-ignored) project tree, copied into every worktree."""
+OVERLAY_MAX_BYTES = 20 * 2**20
+OVERLAY_SKIPPED = frozenset(
+    {"__pycache__", "node_modules", ".venv", "venv", ".tox", ".nox", "target", "dist"}
+)
+"""Folders of generated files that are environments or build output, not project files."""
+SETUP_OUTPUT_LINES = 40
+UV_CACHE_INSIDE = "/merlin/cache/uv"
+
+
+@dataclass(frozen=True)
+class EnvironmentPlan:
+    """How a repository's environment is built at one commit, and under which key."""
+
+    kind: ProjectKind | None
+    """The project's kind, from its marker files."""
+    setup: list[str]
+    """Shell commands run in order; empty when the project gets no environment."""
+    default: bool
+    """True when ``setup`` is the default for the kind, not the configuration's."""
+    key: str
+    """Hash of everything the environment depends on."""
+
+    @property
+    def needed(self) -> bool:
+        """True when there is an environment to build."""
+        return bool(self.setup)
+
+
+@dataclass(frozen=True)
+class BuiltEnvironment:
+    """A ready environment: its folder, and whether this call built it."""
+
+    path: Path
+    built: bool
+    seconds: float = 0.0
+
+
+def plan_environment(
+    git_dir: Path, commit: str, config: MerlinConfig, location: str | None = None
+) -> EnvironmentPlan:
+    """The environment of the repository at ``git_dir`` as of ``commit``.
+
+    ``location`` (the job's repository path or URL; default ``git_dir``) is part of the
+    key: two repositories never share an environment, whatever their names.
+    """
+    names = _root_names(git_dir, commit)
+    kind = next((k for k, markers in MARKERS if any(m in names for m in markers)), None)
+    configured = config.environment.setup
+    if configured is not None:
+        setup, default = list(configured), False
+    elif kind is ProjectKind.PYTHON:
+        setup, default = default_python_setup(git_dir, commit, names), True
+    else:
+        setup, default = [], True
+    patterns = config.environment.cache_key or list(DEFAULT_CACHE_KEY)
+    files = _key_files(git_dir, commit, patterns, names)
+    material = {
+        "format": FORMAT,
+        "repository": location or str(git_dir.resolve()),
+        "setup": setup,
+        "version": release_version(git_dir, commit),
+        "mode": config.sandbox.mode.value,
+        "python": str(_interpreter()),
+        "files": files,
+    }
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return EnvironmentPlan(kind=kind, setup=setup, default=default, key=key)
+
+
+def release_version(git_dir: Path, commit: str) -> str:
+    """The newest release tag reachable from ``commit`` (``v1.2`` gives ``1.2``), or 0.0.0.
+
+    Setup cannot see the repository's git directory, so build backends that take the
+    version from git (setuptools-scm, hatch-vcs) are told this one instead.
+    """
+    proc = run_git(["describe", "--tags", "--abbrev=0", commit], git_dir)
+    tag = proc.stdout.strip().removeprefix("v") if proc.returncode == 0 else ""
+    return tag if re.fullmatch(r"\d+(\.\d+)*([._-]?\w+)*", tag) else "0.0.0"
+
+
+def describe_environment(repo: Path, config: MerlinConfig) -> EnvironmentPlan:
+    """The environment a job on the work tree ``repo`` would get (at its HEAD)."""
+    return plan_environment(repo, git("rev-parse", "HEAD^{commit}", cwd=repo), config)
+
+
+def default_python_setup(git_dir: Path, commit: str, names: set[str]) -> list[str]:
+    """uv: a virtual environment, the project editable with its test extras, and pytest."""
+    python = shlex.quote(str(_interpreter()))
+    commands = [f'uv venv --quiet --allow-existing --python {python} "$MERLIN_ENV"']
+    pyproject = _read_toml(git_dir, commit, "pyproject.toml") if "pyproject.toml" in names else {}
+    project = pyproject.get("project") if isinstance(pyproject.get("project"), dict) else None
+    extras = sorted(set(TEST_EXTRAS) & set((project or {}).get("optional-dependencies") or {}))
+    groups = sorted(set((*TEST_EXTRAS, "dev")) & set(pyproject.get("dependency-groups") or {}))
+    installable = "build-system" in pyproject or "setup.py" in names or "setup.cfg" in names
+    install = ["uv", "pip", "install", "--quiet"]
+    if installable:
+        install += ["-e", shlex.quote(f".[{','.join(extras)}]" if extras else ".")]
+    elif project is not None:
+        install += ["-r", "pyproject.toml", *(f"--extra={extra}" for extra in extras)]
+    install += [f"-r {name}" for name in REQUIREMENT_FILES if name in names]
+    install += [f"--group={group}" for group in groups]
+    install.append("pytest")
+    commands.append(" ".join(install))
+    return commands
+
+
+def ensure_environment(
+    settings: Settings,
+    config: MerlinConfig,
+    git_dir: Path,
+    commit: str,
+    repo_name: str,
+    location: str | None = None,
+) -> BuiltEnvironment | None:
+    """The environment for ``commit``, built now if no worker has built it yet.
+
+    None when the project gets no environment. Raises SetupFailed with the failing
+    command's output when setup fails; nothing of the failed build is kept.
+    """
+    plan = plan_environment(git_dir, commit, config, location)
+    if not plan.needed:
+        return None
+    slug = re.sub(r"[^A-Za-z0-9._-]", "_", repo_name)[:40] or "repo"
+    folder = settings.envs_dir / f"{slug}-{plan.key}"
+    if (folder / MARKER_FILE).is_file():
+        (folder / MARKER_FILE).touch()  # its last use: `merlin prune` goes by it
+        return BuiltEnvironment(folder, built=False)
+    with _locked(folder):
+        if (folder / MARKER_FILE).is_file():  # another worker built it while we waited
+            return BuiltEnvironment(folder, built=False)
+        started = time.monotonic()
+        _build(settings, config, plan, git_dir, commit, folder)
+        return BuiltEnvironment(folder, built=True, seconds=time.monotonic() - started)
+
+
+def step_confinement(
+    worktree: Path,
+    environment: BuiltEnvironment | None,
+    config: MerlinConfig,
+    *,
+    writable: bool = True,
+) -> Confinement:
+    """How a step's commands (tools, exit command, MCP servers) are confined in ``worktree``.
+
+    The `[permissions]` path rules reach them as mounts: what a `Read` deny covers is
+    hidden, what an `Edit`/`Write` deny covers is read-only (``Permissions.masks``, taken
+    from the worktree as it is now). ``writable=False``: the worktree is read-only too
+    (an agent without a tool that writes).
+    """
+    if environment is None:
+        # No environment: merlin's own interpreter first on PATH (read-only).
+        confinement = Confinement(
+            worktree=worktree,
+            network=config.sandbox.network,
+            read_only=python_mounts(None),
+            path=(str(Path(sys.executable).parent),),
+            worktree_writable=writable,
+        )
+    else:
+        confinement = Confinement(
+            worktree=worktree,
+            env_dir=environment.path,
+            network=config.sandbox.network,
+            read_only=python_mounts(environment.path),
+            worktree_writable=writable,
+        )
+    rules = config.permissions
+    if rules.deny or rules.ask or rules.default == "deny":
+        from merlin_flow.tools.permissions import Permissions
+
+        confinement = confinement.masked(Permissions(rules, root=worktree).masks(worktree))
+    return confinement
+
+
+def _build(
+    settings: Settings,
+    config: MerlinConfig,
+    plan: EnvironmentPlan,
+    git_dir: Path,
+    commit: str,
+    folder: Path,
+) -> None:
+    """Run the setup commands into ``folder``; SetupFailed (and nothing kept) on failure."""
+    shutil.rmtree(folder, ignore_errors=True)  # a build a killed worker left unfinished
+    folder.mkdir(parents=True)
+    cache = settings.uv_cache
+    cache.mkdir(parents=True, exist_ok=True)
+    checkout = setup_checkouts(settings) / f"{folder.name}-{uuid.uuid4().hex[:8]}"
+    log_path = folder.with_name(folder.name + ".log")
+    deadline = time.monotonic() + config.environment.setup_timeout
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    tools = (str(Path(uv).parent),) if uv else ()
+    try:
+        add_worktree(git_dir, checkout, commit)
+        confinement = Confinement(
+            worktree=checkout,
+            env_dir=folder,
+            env_writable=True,
+            network=True,
+            read_only=_setup_mounts(tools),
+            writable=((cache, UV_CACHE_INSIDE),)
+            if config.sandbox.mode is SandboxMode.BWRAP
+            else (),
+            path=tools,
+            variables={
+                "UV_CACHE_DIR": UV_CACHE_INSIDE
+                if config.sandbox.mode is SandboxMode.BWRAP
+                else str(cache),
+                "UV_NO_PROGRESS": "1",
+                "UV_PYTHON_DOWNLOADS": "never",
+                "SETUPTOOLS_SCM_PRETEND_VERSION": release_version(git_dir, commit),
+            },
+        )
+        with log_path.open("w", encoding="utf-8") as log:
+            for command in plan.setup:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise SetupFailed(f"environment setup timed out before `{command}`")
+                result = run_confined(
+                    ["/bin/sh", "-c", command], confinement, config.sandbox, remaining, 20_000
+                )
+                log.write(f"$ {command}\n{result.output_tail}\nexit code {result.exit_code}\n")
+                if not result.ok:
+                    tail = "\n".join(result.output_tail.rstrip().splitlines()[-SETUP_OUTPUT_LINES:])
+                    raise SetupFailed(
+                        f"environment setup failed: `{command}` exited with code "
+                        f"{result.exit_code}{' (timed out)' if result.timed_out else ''}; "
+                        f"setup log: {log_path}\n{tail}"
+                    )
+        kept = _keep_generated_files(checkout, folder / OVERLAY_DIR)
+        marker = {"key": plan.key, "setup": plan.setup, "commit": commit, "generated": kept}
+        (folder / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    finally:
+        remove_worktree(git_dir, checkout)
+
+
+def prepare_worktree(environment: BuiltEnvironment | None, worktree: Path) -> None:
+    """Copy the files setup generated (a version file, in-place built modules) into it.
+
+    An editable install can need files that setup wrote into the project's tree and git
+    ignores (hatch-vcs's ``_version.py``, an extension built in place, ``*.egg-info``):
+    every attempt's worktree gets them, never over a file the commit has.
+    """
+    overlay = environment.path / OVERLAY_DIR if environment else None
+    if overlay is None or not overlay.is_dir():
+        return
+    for source in sorted(overlay.rglob("*")):
+        target = worktree / source.relative_to(overlay)
+        if source.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        elif not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+
+
+def _keep_generated_files(checkout: Path, overlay: Path) -> list[str]:
+    """Copy the git-ignored files setup wrote into ``checkout`` to ``overlay`` (bounded)."""
+    proc = run_git(
+        ["status", "--porcelain", "-z", "--ignored=matching", "--untracked-files=all"], checkout
+    )
+    kept: list[str] = []
+    total = 0
+    for entry in proc.stdout.split("\0"):
+        if not entry.startswith("!! "):
+            continue
+        relative = entry[3:]
+        source = checkout / relative
+        if set(source.relative_to(checkout).parts) & OVERLAY_SKIPPED or source.suffix in (
+            ".pyc",
+            ".pyo",
+        ):
+            continue
+        if not source.is_file() or source.is_symlink():
+            continue
+        total += source.stat().st_size
+        if total > OVERLAY_MAX_BYTES:
+            continue  # the rest is too big to copy into every worktree
+        target = overlay / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+        kept.append(relative)
+    return kept
+
+
+def _setup_mounts(tools: tuple[str, ...]) -> tuple[Path, ...]:
+    """What setup needs bound besides the system: uv's folder and the Python it runs on."""
+    mounts = list(python_mounts(None))
+    for folder in (Path(tool).resolve() for tool in tools):
+        inside = folder.is_relative_to("/usr") or any(folder.is_relative_to(m) for m in mounts)
+        if not inside:
+            mounts.append(folder)
+    return tuple(mounts)
+
+
+def setup_checkouts(settings: Settings) -> Path:
+    """Where builds check the project out (``<environment folder>-<random>`` each)."""
+    return settings.worktrees_dir / "_setup"
+
+
+@contextmanager
+def _locked(folder: Path, wait: bool = True) -> Iterator[bool]:
+    """One build of ``folder`` at a time, across threads, processes and workers (flock).
+
+    Yields whether it holds the lock: always when ``wait``, else only if no build runs.
+    The kernel drops the lock of a killed builder.
+    """
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with folder.with_name(folder.name + ".lock").open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def idle_build(settings: Settings, checkout: Path) -> Iterator[bool]:
+    """Whether no build runs for the setup checkout ``checkout``: held while True."""
+    folder = settings.envs_dir / checkout.name.rpartition("-")[0]
+    with _locked(folder, wait=False) as free:
+        yield free
+
+
+def _interpreter() -> Path:
+    """The Python the default setup builds on: the one merlin itself runs on."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return Path(base).resolve()
+
+
+def _root_names(git_dir: Path, commit: str) -> set[str]:
+    out = git("ls-tree", "--name-only", commit, cwd=git_dir)
+    return set(out.splitlines())
+
+
+def _key_files(
+    git_dir: Path, commit: str, patterns: list[str], names: set[str]
+) -> dict[str, str | None]:
+    """Blob ids of the cache-key files (globs match names at the repository root)."""
+    paths: set[str] = set()
+    for pattern in patterns:
+        if any(c in pattern for c in "*?["):
+            paths.update(n for n in names if fnmatch.fnmatchcase(n, pattern))
+        else:
+            paths.add(pattern)
+    blobs: dict[str, str | None] = {}
+    for path in sorted(paths):
+        proc = run_git(["rev-parse", "--verify", "--quiet", f"{commit}:{path}"], git_dir)
+        blobs[path] = proc.stdout.strip() or None
+    return blobs
+
+
+def _read_toml(git_dir: Path, commit: str, path: str) -> dict[str, Any]:
+    proc = run_git(["show", f"{commit}:{path}"], git_dir)
+    try:
+        return tomllib.loads(proc.stdout) if proc.returncode == 0 else {}
+    except tomllib.TOMLDecodeError:
+        return {}  # the install reports it; the plan still names the setup

@@ -1,0 +1,118 @@
+"""Exit commands: which one a step gets, and running it against an attempt's commit.
+
+A step's exit command is, in order of precedence: the step's own ``exit_command``, the
+configuration's ``[exit_commands]`` entry for its type, or the default for its type and
+the project's kind (detected from marker files at the repository root).
+"""
+
+from __future__ import annotations
+
+import shlex
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from merlin_flow.config import MerlinConfig
+from merlin_flow.errors import ConfigError
+from merlin_flow.tasklist import StepType, TaskStep
+from merlin_flow.workspace.process import CommandResult
+
+if TYPE_CHECKING:
+    from merlin_flow.workspace.sandbox import Confinement
+
+
+class ProjectKind(StrEnum):
+    """Kinds of project that have default exit commands."""
+
+    RUST = "rust"
+    PYTHON = "python"
+    NODE = "node"
+    GO = "go"
+
+
+MARKERS: list[tuple[ProjectKind, tuple[str, ...]]] = [
+    (ProjectKind.RUST, ("Cargo.toml",)),
+    (ProjectKind.PYTHON, ("pyproject.toml", "setup.py", "setup.cfg", "requirements.txt")),
+    (ProjectKind.NODE, ("package.json",)),
+    (ProjectKind.GO, ("go.mod",)),
+]
+
+_S = StepType
+DEFAULT_EXIT_COMMANDS: dict[ProjectKind, dict[StepType, str]] = {
+    # The seed's defaults: compile check, lints as errors for refactors, the test suite.
+    ProjectKind.RUST: {
+        _S.DEBUG: "cargo check",
+        _S.FEATURE: "cargo check",
+        _S.VERIFY: "cargo check",
+        _S.REFACTOR: "cargo clippy -- -D warnings",
+        _S.TEST: "cargo test",
+    },
+    # Python has no compile step worth the name: the test suite is the check.
+    ProjectKind.PYTHON: {
+        _S.DEBUG: "python -m pytest -q",
+        _S.FEATURE: "python -m pytest -q",
+        _S.VERIFY: "python -m pytest -q",
+        _S.REFACTOR: "python -m pytest -q",
+        _S.TEST: "python -m pytest -q",
+    },
+    ProjectKind.NODE: {
+        _S.DEBUG: "npm test",
+        _S.FEATURE: "npm test",
+        _S.VERIFY: "npm run --if-present build",
+        _S.REFACTOR: "npm run --if-present lint",
+        _S.TEST: "npm test",
+    },
+    ProjectKind.GO: {
+        _S.DEBUG: "go build ./...",
+        _S.FEATURE: "go build ./...",
+        _S.VERIFY: "go build ./...",
+        _S.REFACTOR: "go vet ./...",
+        _S.TEST: "go test ./...",
+    },
+}
+
+
+def detect_project_kind(repo: Path) -> ProjectKind | None:
+    """The project's kind from marker files at its root, or None."""
+    for kind, markers in MARKERS:
+        if any((repo / marker).exists() for marker in markers):
+            return kind
+    return None
+
+
+def exit_command_for(step: TaskStep, config: MerlinConfig, repo: Path) -> str:
+    """The exit command ``step`` is verified with; ConfigError when there is none."""
+    if step.exit_command:
+        return step.exit_command
+    if step.step_type in config.exit_commands:
+        return config.exit_commands[step.step_type]
+    kind = detect_project_kind(repo)
+    if kind is None:
+        raise ConfigError(
+            f"step {step.id!r}: no exit command for a {step.step_type} step, and {repo} is not "
+            "a Rust, Python, Node or Go project: set `exit_command` on the step or "
+            f'`{step.step_type} = "..."` under [exit_commands] in merlin.toml'
+        )
+    return DEFAULT_EXIT_COMMANDS[kind][step.step_type]
+
+
+def split_command(command: str, shell: bool) -> list[str]:
+    """Argv for ``command``: shlex-split, or ``/bin/sh -c`` when the config asks for a shell."""
+    if shell:
+        return ["/bin/sh", "-c", command]
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise ConfigError(f"cannot parse exit command {command!r}: {exc}") from None
+    if not argv:
+        raise ConfigError("exit command is empty")
+    return argv
+
+
+def run_exit_command(command: str, confinement: Confinement, config: MerlinConfig) -> CommandResult:
+    """Run an exit command in the attempt's worktree, in the sandbox, in its environment."""
+    from merlin_flow.workspace.sandbox import run_confined
+
+    argv = split_command(command, config.shell)
+    timeout = config.limits.exit_command_timeout
+    return run_confined(argv, confinement, config.sandbox, timeout)
