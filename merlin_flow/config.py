@@ -10,10 +10,8 @@ submitted with.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 import tomllib
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -28,12 +26,16 @@ from pydantic import (
 
 from merlin_flow.errors import ConfigError
 from merlin_flow.resources import resource_dir
+from merlin_flow.scripts import load_script
 from merlin_flow.tasklist import StepType
 from merlin_flow.tool_config import (
     SERVER_NAME,
     AgentSettings,
+    Environment,
     McpServer,
     PermissionRules,
+    Sandbox,
+    merge_rules,
     refuse_loosening,
     user_sections,
 )
@@ -151,70 +153,6 @@ class Routing(BaseModel):
     """Tier for medium steps; the cheapest tier when unset."""
     complex: str | None = None
     """Tier for complex steps; the cheapest tier when unset."""
-
-
-class SandboxMode(StrEnum):
-    """Where a step's commands run."""
-
-    BWRAP = "bwrap"
-    """In a bubblewrap sandbox (Linux): no network, no home, no secrets."""
-    NONE = "none"
-    """Directly as the worker's user; must be chosen explicitly, warned on every job."""
-
-
-SECRET_NAME_PATTERNS = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
-"""Names of environment variables that hold secrets (matched case-insensitively)."""
-
-
-def is_secret_name(name: str) -> bool:
-    """True when an environment variable called ``name`` holds a secret by its name."""
-    upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_NAME_PATTERNS)
-
-
-class Sandbox(BaseModel):
-    """How a step's commands (`run_command`, exit commands, setup) are confined."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-    mode: SandboxMode = SandboxMode.BWRAP
-    """`bwrap` (the default; Linux, Debian package `bubblewrap`) or `none` (no sandbox)."""
-    network: bool = False
-    """Give step commands the network. Setup always has it; steps have none by default."""
-    pass_env: list[str] = Field(default_factory=list)
-    """Names of the worker's environment variables passed into the sandbox (never
-    secret-looking names: `*_KEY`, `*_TOKEN`, `*_SECRET`, `*PASSWORD*`)."""
-    max_file_size_mb: int | None = Field(default=1024, gt=0)
-    """Largest file a command may write, in MiB (RLIMIT_FSIZE); unset: no limit."""
-    max_memory_mb: int | None = Field(default=None, gt=0)
-    """Address-space limit of a command, in MiB (RLIMIT_AS); unset: no limit."""
-
-    @model_validator(mode="after")
-    def _no_secret_names(self) -> Self:
-        secret = [name for name in self.pass_env if is_secret_name(name)]
-        if secret:
-            raise ValueError(
-                f"pass_env may not pass secret-looking variables into the sandbox: "
-                f"{', '.join(secret)}"
-            )
-        return self
-
-
-class Environment(BaseModel):
-    """The project's own environment, built once per cache key and reused by every job."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-    setup: list[str] | None = None
-    """Shell commands that build the environment in `/merlin/env` with the project at
-    `/workspace` (network allowed). Unset: the default for the project's kind (Python:
-    a uv virtual environment with the project and its test extras, editable). `[]`: no
-    environment; commands see merlin's own interpreter first on PATH."""
-    cache_key: list[str] | None = None
-    """Files whose content keys the built environment (unset: the usual manifests and
-    lock files, such as pyproject.toml, setup.py, requirements*.txt, uv.lock)."""
-    setup_timeout: float = Field(default=1800.0, gt=0)
-    """Seconds the whole setup may take before it fails."""
 
 
 class Planning(BaseModel):
@@ -379,8 +317,6 @@ def load_config(
     try:
         config = MerlinConfig.model_validate(data)
         if "permissions" in user:
-            from merlin_flow.tools.permissions import merge_rules
-
             where, prefix = user_file, ["permissions"]
             mine = PermissionRules.model_validate(user["permissions"])
             config.permissions = merge_rules(mine, config.permissions)
@@ -398,8 +334,6 @@ def load_config(
 
 def check_scripted_files(config: MerlinConfig) -> None:
     """Raise ConfigError when a scripted tier's script is missing or invalid."""
-    from merlin_flow.models.scripted import load_script
-
     for tier in config.tiers:
         if tier.is_scripted:
             try:

@@ -23,6 +23,7 @@ The tree is shallow and split by who must act::
     │   ├── ToolSourceError      an MCP server could not start or list its tools
     │   ├── ReplayDiverged       a replay asked for a call the original job never made
     │   └── PlanUnreadable       a planner's answer holds no plan in a format merlin reads
+    ├── TransitionRefused        a status change asked of a row in a state it does not fit
     ├── BudgetExceeded           control flow: the job's budget is spent; the job stops
     ├── JobCancelled             control flow: `merlin cancel`; the running step stops
     └── LeaseLost                control flow: another worker owns the step now
@@ -138,6 +139,14 @@ class ReplayDiverged(StepFailure):
 
 class PlanUnreadable(StepFailure):
     """A planner's answer holds no plan merlin can read (expected input: repair, fallback)."""
+
+
+class TransitionRefused(MerlinError):
+    """A status change was asked of a job, step or attempt in a state it does not apply to.
+
+    Raised by ``merlin_flow.engine.lifecycle`` before anything is written: a race the
+    caller lost, or a bug. The transaction it was raised in is rolled back.
+    """
 
 
 class BudgetExceeded(MerlinError):

@@ -1,15 +1,21 @@
-"""The `[permissions]`, `[agents]` and `[mcp_servers.NAME]` sections of ``merlin.toml``.
+"""The sections of ``merlin.toml`` that say what a step may do, and where it runs.
 
-They say what a step's agent may do and with what: the rules every tool call and command
-is checked against (``merlin_flow.tools.permissions``), which agent a step gets
-(``merlin_flow.agents.definitions``), and the MCP servers whose tools join the built-in ones
-(``merlin_flow.tools.mcp``). ``MerlinConfig`` holds one of each. ``refuse_loosening``
-says what a repository's own file may not set.
+`[permissions]`, with the grammar of its rules (``parse_rule``) and how two levels merge
+(``merge_rules``); `[sandbox]` and `[environment]`, where a step's commands run; `[agents]`
+(which agent a step gets) and `[mcp_servers]` (whose tools join the built-in ones).
+``MerlinConfig`` holds one of each. ``refuse_loosening`` says what a repository's own
+file may not set. The rules are applied by ``merlin_flow.tools.permissions`` (to tool
+calls) and ``merlin_flow.workspace.checkout`` (to what the sandbox mounts).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -19,6 +25,142 @@ from merlin_flow.errors import ConfigError
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 """What an MCP server may be called: its tools are named ``mcp__<server>__<tool>``."""
+
+
+FILE_TOOLS = ("read_file", "write_file", "edit_file", "list_files", "grep")
+FOLDER_TOOLS = ("list_files", "grep")
+KIND_TOOLS: dict[str, tuple[str, ...]] = {
+    "Bash": ("run_command",),
+    "Read": ("read_file", "list_files", "grep"),
+    "Edit": ("edit_file", "write_file"),
+    "Write": ("write_file",),
+    "Grep": ("grep",),
+    "Glob": ("list_files",),
+    **{name: (name,) for name in (*FILE_TOOLS, "run_command")},
+}
+"""The built-in tools each rule kind covers (MCP kinds cover their server's tools)."""
+_MCP = re.compile(r"^mcp__[A-Za-z0-9_-]+?(?:__\*)?$")
+_PROBES = ("\x00", "\x00" * 9)  # names no literal pattern matches: wildcards only
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One rule: the tool kind it names and its specifier (None: the whole tool)."""
+
+    text: str
+    kind: str
+    specifier: str | None = None
+    command: re.Pattern[str] | None = None
+    """For ``Bash``: the command words it matches, joined by spaces."""
+    path: re.Pattern[str] | None = None
+    """For the file kinds: the relative paths it matches (None with a host path)."""
+
+    def applies_to(self, tool: str) -> bool:
+        """Whether this rule speaks of ``tool`` at all."""
+        if self.kind.startswith("mcp__"):
+            return tool == self.kind or tool.startswith(self.kind + "__")
+        return tool in KIND_TOOLS[self.kind]
+
+    def matches_command(self, words: Iterable[str]) -> bool:
+        """Whether a simple command (its words) is one this rule names."""
+        found = self.command and self.command.fullmatch(" ".join(words))
+        return self.specifier is None or bool(found)
+
+    def matches_path(self, rel: str) -> bool:
+        """Whether ``rel`` (relative, posix) or a folder holding it matches the pattern."""
+        if self.specifier is None:
+            return True
+        parts = rel.split("/") if rel else []
+        return any(self._full(parts[:end]) for end in range(1, len(parts) + 1))
+
+    def covers_folder(self, rel: str) -> bool:
+        """Whether every path in the folder ``rel`` ("" is the root) is matched."""
+        if self.specifier is None or (rel and self.matches_path(rel)):
+            return True
+        return all(self._full([*([rel] if rel else []), probe]) for probe in _PROBES)
+
+    def _full(self, parts: list[str]) -> bool:
+        return bool(self.path and self.path.fullmatch("/".join(parts)))
+
+
+def parse_rule(text: str) -> Rule:
+    """Read one rule; ValueError names the rule and what is wrong with it."""
+    text = text.strip()
+    kind, paren, rest = text.partition("(")
+    if (not paren and ")" in text) or (paren and not _balanced(rest)):
+        raise ValueError(f"permission rule {_quoted(text)}: unbalanced parentheses")
+    spec = rest[:-1].strip() if paren else None
+    if _MCP.match(kind):
+        if paren:
+            raise ValueError(f"permission rule {_quoted(text)}: MCP tools take no specifier")
+        return Rule(text, kind.removesuffix("__*"))
+    if kind not in KIND_TOOLS:
+        hint = next((f" (did you mean {k}?)" for k in KIND_TOOLS if k.lower() == kind.lower()), "")
+        raise ValueError(
+            f"permission rule {_quoted(text)}: unknown tool {_quoted(kind)}{hint}; rules name "
+            f"{', '.join(KIND_TOOLS)}, "
+            "mcp__<server> or mcp__<server>__<tool>"
+        )
+    if spec is None or (spec == "*" and KIND_TOOLS[kind] == ("run_command",)):
+        return Rule(text, kind)
+    if not spec or "\x00" in spec:
+        problem = "a NUL character" if spec else f"empty specifier ({kind} alone: the whole tool)"
+        raise ValueError(f"permission rule {_quoted(text)}: {problem}")
+    if KIND_TOOLS[kind] == ("run_command",):
+        return Rule(text, kind, spec, command=_command_pattern(text, spec))
+    return Rule(text, kind, spec, path=_path_pattern(text, spec))
+
+
+def _quoted(text: str) -> str:
+    """A rule as its error shows it: quoted, cut short when it is long."""
+    return repr(text) if len(text) <= 80 else f"{text[:80]!r}... ({len(text):,} characters)"
+
+
+def _balanced(rest: str) -> bool:
+    depth = 1
+    for index, char in enumerate(rest):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return index == len(rest) - 1
+    return False
+
+
+def _command_pattern(text: str, spec: str) -> re.Pattern[str]:
+    """The words a ``Bash`` specifier matches, joined by spaces.
+
+    ``a b:*`` and ``a b *``: the words ``a b``, alone or followed by more; ``*`` within:
+    any characters; anything else: exactly these words.
+    """
+    spec = " ".join(spec.split())
+    prefix = spec.endswith((":*", " *"))
+    base = spec[:-2].strip() if prefix else spec
+    if ":*" in base or not base:
+        raise ValueError(f"permission rule {_quoted(text)}: `:*` goes at the end, after a command")
+    try:
+        words = base if "*" in base else " ".join(shlex.split(base))
+    except ValueError as exc:
+        raise ValueError(f"permission rule {_quoted(text)}: {exc}") from None
+    body = ".*".join(re.escape(part) for part in words.split("*"))
+    return re.compile(body + ("(?: .*)?" if prefix else ""), re.DOTALL)
+
+
+def _path_pattern(text: str, spec: str) -> re.Pattern[str] | None:
+    if spec.startswith(("~", "//")):
+        return None  # a host path: never inside a worktree
+    anchored = spec.startswith(("./", "/")) or "/" in spec.strip("/")
+    body = spec.removeprefix("./").strip("/")
+    segments = body.split("/") if body else ["**"]
+    if any(seg in ("", ".", "..") for seg in segments):
+        raise ValueError(f"permission rule {_quoted(text)}: `.`, `..` or `//` inside the path")
+    out = "" if anchored else "(?:.*/)?"
+    for index, seg in enumerate(segments):
+        last = index == len(segments) - 1
+        if seg == "**":
+            out += ".*" if last else "(?:.*/)?"
+            continue
+        out += "".join({"*": "[^/]*", "?": "[^/]"}.get(c, re.escape(c)) for c in seg)
+        out += "" if last else "/"
+    return re.compile(out, re.DOTALL)
 
 
 class PermissionRules(BaseModel):
@@ -44,12 +186,86 @@ class PermissionRules(BaseModel):
     @field_validator("allow", "deny", "ask")
     @classmethod
     def _valid_rules(cls, rules: list[str]) -> list[str]:
-        if rules:
-            from merlin_flow.tools.permissions import parse_rule
-
-            for rule in rules:
-                parse_rule(rule)  # ValueError naming the rule and what is wrong with it
+        for rule in rules:
+            parse_rule(rule)  # ValueError naming the rule and what is wrong with it
         return rules
+
+
+def merge_rules(user: PermissionRules, project: PermissionRules) -> PermissionRules:
+    """The rules of ``project`` over ``user``: every list kept whole, stricter default.
+
+    A user's deny is never lost; ``default = "deny"`` if either says so.
+    """
+    return PermissionRules(
+        allow=[*user.allow, *project.allow],
+        deny=[*user.deny, *project.deny],
+        ask=[*user.ask, *project.ask],
+        default="deny" if "deny" in (user.default, project.default) else "allow",
+    )
+
+
+class SandboxMode(StrEnum):
+    """Where a step's commands run."""
+
+    BWRAP = "bwrap"
+    """In a bubblewrap sandbox (Linux): no network, no home, no secrets."""
+    NONE = "none"
+    """Directly as the worker's user; must be chosen explicitly, warned on every job."""
+
+
+SECRET_NAME_PATTERNS = ("*_KEY", "*_TOKEN", "*_SECRET", "*PASSWORD*")
+"""Names of environment variables that hold secrets (matched case-insensitively)."""
+
+
+def is_secret_name(name: str) -> bool:
+    """True when an environment variable called ``name`` holds a secret by its name."""
+    upper = name.upper()
+    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_NAME_PATTERNS)
+
+
+class Sandbox(BaseModel):
+    """How a step's commands (`run_command`, exit commands, setup) are confined."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    mode: SandboxMode = SandboxMode.BWRAP
+    """`bwrap` (the default; Linux, Debian package `bubblewrap`) or `none` (no sandbox)."""
+    network: bool = False
+    """Give step commands the network. Setup always has it; steps have none by default."""
+    pass_env: list[str] = Field(default_factory=list)
+    """Names of the worker's environment variables passed into the sandbox (never
+    secret-looking names: `*_KEY`, `*_TOKEN`, `*_SECRET`, `*PASSWORD*`)."""
+    max_file_size_mb: int | None = Field(default=1024, gt=0)
+    """Largest file a command may write, in MiB (RLIMIT_FSIZE); unset: no limit."""
+    max_memory_mb: int | None = Field(default=None, gt=0)
+    """Address-space limit of a command, in MiB (RLIMIT_AS); unset: no limit."""
+
+    @model_validator(mode="after")
+    def _no_secret_names(self) -> Self:
+        secret = [name for name in self.pass_env if is_secret_name(name)]
+        if secret:
+            raise ValueError(
+                f"pass_env may not pass secret-looking variables into the sandbox: "
+                f"{', '.join(secret)}"
+            )
+        return self
+
+
+class Environment(BaseModel):
+    """The project's own environment, built once per cache key and reused by every job."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    setup: list[str] | None = None
+    """Shell commands that build the environment in `/merlin/env` with the project at
+    `/workspace` (network allowed). Unset: the default for the project's kind (Python:
+    a uv virtual environment with the project and its test extras, editable). `[]`: no
+    environment; commands see merlin's own interpreter first on PATH."""
+    cache_key: list[str] | None = None
+    """Files whose content keys the built environment (unset: the usual manifests and
+    lock files, such as pyproject.toml, setup.py, requirements*.txt, uv.lock)."""
+    setup_timeout: float = Field(default=1800.0, gt=0)
+    """Seconds the whole setup may take before it fails."""
 
 
 class AgentSettings(BaseModel):

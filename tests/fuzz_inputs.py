@@ -840,7 +840,7 @@ def _repo_beside(base: Path) -> Path:
 
 def check_rule(text: str) -> None:
     """``parse_rule``: a Rule or a ValueError naming the rule."""
-    from merlin_flow.tools.permissions import parse_rule
+    from merlin_flow.tool_config import parse_rule
 
     expect("parse_rule", lambda: parse_rule(text), (ValueError,))
 
@@ -861,13 +861,14 @@ def check_text_calls(content: Any) -> None:
 
 
 def _toolbox(root: Path) -> Any:
-    from merlin_flow.config import Sandbox
+    from merlin_flow.tool_config import Sandbox
     from merlin_flow.tools.toolbox import Toolbox
+    from merlin_flow.workspace.checkout import Checkout
 
     (root / "a.txt").write_text("one\ntwo\n")
     (root / ".git").mkdir(exist_ok=True)
     only = ("read_file", "write_file", "edit_file", "list_files", "grep")  # no run_command
-    return Toolbox(root, sandbox=Sandbox(mode="none"), only=only)
+    return Toolbox(Checkout.folder(root, Sandbox(mode="none")), only=only)
 
 
 def check_toolbox_call(name: Any, arguments: Any) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 from celery import chain
 from kombu.exceptions import OperationalError as BrokerError
 
-from merlin_flow.engine.lifecycle import PlannedTask, TaskName, remaining_tasks
+from merlin_flow.engine.dispatch import PlannedTask, TaskName, remaining_tasks
 from merlin_flow.store import Database
 from workers.results import StepState, read_steps
 from workers.tasks import finalize_signature, step_signature, verify_signature

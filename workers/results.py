@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from merlin_flow.engine.escalation import AttemptKind
-from merlin_flow.engine.lifecycle import Outcome, TaskName
+from merlin_flow.engine.dispatch import Outcome, TaskName
+from merlin_flow.failures import AttemptKind
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     FINISHED_STEP_STATUSES,

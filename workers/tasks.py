@@ -27,8 +27,9 @@ from celery.exceptions import Ignore
 from sqlalchemy.exc import DBAPIError
 
 from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.dispatch import Dispatch, Outcome, TaskName
+from merlin_flow.engine.finalize import fail_job, finalize_job
 from merlin_flow.engine.leases import new_token
-from merlin_flow.engine.lifecycle import Dispatch, Outcome, TaskName, fail_job, finalize_job
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.errors import RemoteUnavailable
 from merlin_flow.settings import Settings, get_settings

@@ -24,13 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from merlin_flow.config import Limits, Tier
-from merlin_flow.engine.escalation import MODEL_UNREACHABLE, Action, Failure, FailureKind, decide
 from merlin_flow.errors import AgentError, BudgetExceeded, ModelUnreachable
+from merlin_flow.failures import Action, Failure, FailureKind, decide
 from merlin_flow.models.diagnosis import ModelFailure, examine, retry_after
 from merlin_flow.models.endpoints import describe
 from merlin_flow.models.llm import Completion, ModelCall, complete
 from merlin_flow.tools.text_calls import text_tool_calls
 from merlin_flow.tools.toolbox import FINISH, FINISHED, Toolbox, parse_arguments
+
+MODEL_UNREACHABLE = "model unreachable: "
+"""How the error of an attempt that could not use its model starts. It is for people:
+the engine stores the failure's kind apart (``Attempt.failure_kind``)."""
 
 SYSTEM_PROMPT = """\
 You are merlin, an autonomous coding agent working on a project's files.

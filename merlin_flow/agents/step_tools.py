@@ -24,14 +24,15 @@ from merlin_flow.agents.choice import stored_agent
 from merlin_flow.agents.definitions import AgentDefinition
 from merlin_flow.agents.instructions import instruction_file, instruction_text
 from merlin_flow.agents.loop import StepBrief
-from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.config import MerlinConfig
 from merlin_flow.store import Step
-from merlin_flow.tool_config import McpServer
+from merlin_flow.store.events import EventKind
+from merlin_flow.tool_config import KIND_TOOLS, McpServer, SandboxMode
 from merlin_flow.tools.mcp import open_mcp_tools
-from merlin_flow.tools.permissions import KIND_TOOLS, Permissions
+from merlin_flow.tools.permissions import Permissions
 from merlin_flow.tools.schemas import FINISH, TOOL_SCHEMAS
 from merlin_flow.tools.toolbox import Toolbox
-from merlin_flow.workspace.environment import BuiltEnvironment, step_confinement
+from merlin_flow.workspace.checkout import Checkout, confine
 from merlin_flow.workspace.git import git, uncommitted_files
 from merlin_flow.workspace.sandbox import unenforceable
 
@@ -104,30 +105,26 @@ def wanted_servers(
 
 @contextlib.contextmanager
 def open_step_tools(
-    worktree: Path,
-    environment: BuiltEnvironment | None,
-    config: MerlinConfig,
-    agent: AgentDefinition | None,
+    checkout: Checkout, config: MerlinConfig, agent: AgentDefinition | None
 ) -> Iterator[Toolbox]:
-    """The attempt's toolbox on ``worktree``, its MCP servers running until the end.
+    """The attempt's toolbox in ``checkout``, its MCP servers running until the end.
 
-    Raises ToolSourceError when an MCP server cannot start.
+    An agent with no tool that writes gets the checkout read-only. Raises
+    ToolSourceError when an MCP server cannot start.
     """
-    permissions = Permissions(config.permissions, root=worktree)
+    permissions = Permissions(config.permissions, root=checkout.worktree)
     names = offered_built_ins(permissions, agent)
-    writes = bool(WRITING_TOOLS & set(names))
-    confinement = step_confinement(worktree, environment, config, writable=writes)
+    if not WRITING_TOOLS & set(names):
+        checkout = checkout.read_only()
     servers = wanted_servers(config, permissions, agent)
     tools = agent.tools if agent is not None else None
-    with open_mcp_tools(servers, confinement, config.sandbox) as found:
+    with open_mcp_tools(servers, checkout.confinement, checkout.sandbox) as found:
         extra = [
             t for t in found if permissions.tool_offered(t.name) and allowlisted(t.name, tools)
         ]
         yield Toolbox(
-            worktree,
+            checkout,
             config.limits.tool_command_timeout,
-            confinement,
-            config.sandbox,
             only=(*names, *(t.name for t in extra)),
             gate=permissions.check_call,
             readable=permissions.path_readable,
@@ -161,7 +158,7 @@ def drop_denied_writes(worktree: Path, config: MerlinConfig) -> list[tuple[str, 
 
 def permission_events(
     worktree: Path, config: MerlinConfig, agent: AgentDefinition | None
-) -> list[tuple[str, str]]:
+) -> list[tuple[EventKind, str]]:
     """After an attempt: its denied writes undone, and what the sandbox could not enforce.
 
     Each is an event, ``(kind, message)``: ``write_refused`` per undone path, and
@@ -172,9 +169,9 @@ def permission_events(
     if config.sandbox.mode is SandboxMode.NONE:
         permissions = Permissions(config.permissions, root=worktree)
         writes = bool(WRITING_TOOLS & set(offered_built_ins(permissions, agent)))
-        confinement = step_confinement(worktree, None, config, writable=writes)
+        confinement = confine(worktree, None, config, writable=writes)  # as it is now
         warning = unenforceable(confinement, config.sandbox)
         if warning is not None:
-            events.append(("permissions_unenforced", warning))
+            events.append((EventKind.PERMISSIONS_UNENFORCED, warning))
     dropped = drop_denied_writes(worktree, config)
-    return events + [("write_refused", f"{path}: {why}") for path, why in dropped]
+    return events + [(EventKind.WRITE_REFUSED, f"{path}: {why}") for path, why in dropped]

@@ -181,10 +181,13 @@ def doctor(
         from merlin_flow.jobs.doctor import Verdict, run_checks
         from merlin_flow.settings import get_settings
         from merlin_flow.workspace.git import find_repository
+        from workers.app import create_app
+        from workers.roles import broker_report
 
         top = find_repository(repo) if repo is not None else None
         settings = get_settings()
-        checks = run_checks(settings, load_config(top, config, settings.home_dir), top)
+        loaded = load_config(top, config, settings.home_dir)
+        checks = run_checks(settings, loaded, top, lambda: broker_report(create_app(settings)))
         failed = any(check.verdict is Verdict.FAIL for check in checks)
         if as_json:
             console.print_json(json.dumps([check.as_dict() for check in checks]))

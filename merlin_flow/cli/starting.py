@@ -85,7 +85,7 @@ def _submit(
 
 
 def _warn_when_unconfined(submission: Submission) -> None:
-    from merlin_flow.config import SandboxMode
+    from merlin_flow.tool_config import SandboxMode
     from merlin_flow.workspace.sandbox import SANDBOX_OFF_WARNING
 
     if submission.config.sandbox.mode is SandboxMode.NONE:

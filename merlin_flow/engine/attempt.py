@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.agents.choice import stored_agent
 from merlin_flow.agents.definitions import AgentDefinition
-from merlin_flow.agents.loop import StepBrief, run_agent
+from merlin_flow.agents.loop import MODEL_UNREACHABLE, StepBrief, run_agent
 from merlin_flow.agents.step_tools import (
     can_write,
     open_step_tools,
@@ -27,22 +27,21 @@ from merlin_flow.agents.step_tools import (
     step_brief,
     with_instructions,
 )
-from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.budget import job_guard
-from merlin_flow.engine.escalation import MODEL_UNREACHABLE, AttemptKind, feedback_for
-from merlin_flow.engine.leases import Heartbeat
+from merlin_flow.engine.dispatch import Outcome
+from merlin_flow.engine.feedback import feedback_for
+from merlin_flow.engine.finalize import finalize_job
+from merlin_flow.engine.held_step import HeldStep
+from merlin_flow.engine.leases import Heartbeat, hand_off, release_step, settle
 from merlin_flow.engine.lifecycle import (
-    HeldStep,
-    Outcome,
-    add_event,
-    end_job_in_session,
-    finalize_job,
-    hand_off,
+    end_attempt,
     job_has_ended,
     load_step,
     lock_job,
-    release_step,
-    settle,
+    start_job,
+    start_step,
+    stop_for_budget,
 )
 from merlin_flow.errors import (
     AgentError,
@@ -52,6 +51,7 @@ from merlin_flow.errors import (
     ModelUnreachable,
     ToolSourceError,
 )
+from merlin_flow.failures import AttemptKind, FailureKind
 from merlin_flow.models.credentials import tier_access
 from merlin_flow.models.journal import (
     CallContext,
@@ -72,29 +72,15 @@ from merlin_flow.store import (
     AttemptStatus,
     Database,
     Job,
-    JobStatus,
     LlmCall,
     Phase,
     Step,
-    StepStatus,
-    utcnow,
 )
+from merlin_flow.store.events import AttemptData, EventKind, add_event
 from merlin_flow.tasklist import StepType
-from merlin_flow.workspace.environment import (
-    BuiltEnvironment,
-    ensure_environment,
-    prepare_worktree,
-)
-from merlin_flow.workspace.git import (
-    add_worktree,
-    attempt_ref,
-    commit_all,
-    remove_worktree,
-    same_tree,
-    write_excludes_file,
-)
+from merlin_flow.tool_config import SandboxMode
+from merlin_flow.workspace.git import attempt_ref, commit_all, same_tree, write_excludes_file
 from merlin_flow.workspace.repository import JobRepository, repository_of
-from merlin_flow.workspace.sandbox import SANDBOX_OFF_WARNING
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +119,8 @@ class _AttemptEnd:
     error: str | None
     turns: int
     transcript: list[dict[str, Any]]
+    failure: FailureKind | None = None
+    """Why the attempt failed, with ``error``: its model unusable, or a capability failure."""
 
 
 def execute_step(
@@ -152,28 +140,6 @@ def execute_step(
             db, settings, job_id, step_key, step.id, token, MerlinConfig.model_validate(job.config)
         )
     return held.work(Phase.ATTEMPT, lambda heartbeat: _run_attempt(held, heartbeat))
-
-
-def step_environment(
-    held: HeldStep, repository: JobRepository, commit: str
-) -> BuiltEnvironment | None:
-    """The project's environment at ``commit``, built (and recorded) if it is new."""
-    where = repository.location
-    name = where.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
-    environment = ensure_environment(
-        held.settings, held.config, repository.path, commit, name, where
-    )
-    if environment is not None and environment.built:
-        with held.db.session() as session:
-            add_event(
-                session,
-                held.job_id,
-                "environment_built",
-                f"environment {environment.path.name} built in {environment.seconds:.1f} s",
-                held.step_key,
-                path=str(environment.path),
-            )
-    return environment
 
 
 def _run_attempt(held: HeldStep, heartbeat: Heartbeat) -> Outcome:
@@ -218,73 +184,74 @@ def _work_in_worktree(
             raise JobCancelled(f"job {held.job_id} ended while step {held.step_key} was running")
 
     config, tier = held.config, held.config.tiers[plan.tier_index]
-    worktree = held.worktree(f"{held.step_key}-{plan.number}")
     excludes = write_excludes_file(held.settings.home_dir / "commit-excludes")
-    environment = step_environment(held, repository, plan.start_commit)
     guard = job_guard(held.db, held.job_id, plan.budget_usd, config.limits)
-    add_worktree(repository.path, worktree, plan.start_commit)
+    name = f"{held.step_key}-{plan.number}"
     try:
-        prepare_worktree(environment, worktree)
-        brief = with_instructions(brief, worktree)
-        seqs = itertools.count(plan.calls_so_far)
-        context = CallContext(held.job_id, held.step_id, plan.attempt_id, plan.run, tier)
+        with held.checkout(repository, plan.start_commit, name) as checkout:
+            worktree = checkout.worktree
+            brief = with_instructions(brief, worktree)
+            seqs = itertools.count(plan.calls_so_far)
+            context = CallContext(held.job_id, held.step_id, plan.attempt_id, plan.run, tier)
 
-        def on_call(turn: int, reply: Completion | None, error: BaseException | None) -> None:
-            record_call(held.db, context, next(seqs), turn, reply, error)
-            guard.release()  # the journal now holds the call's cost: its estimate goes
+            def on_call(turn: int, reply: Completion | None, error: BaseException | None) -> None:
+                record_call(held.db, context, next(seqs), turn, reply, error)
+                guard.release()  # the journal now holds the call's cost: its estimate goes
 
-        def on_progress(messages: list[dict[str, Any]]) -> None:
-            # The conversation so far, for `merlin logs --follow` and `merlin watch`.
-            with held.db.session() as session:
-                attempt = session.get_one(Attempt, plan.attempt_id)
-                attempt.transcript = _for_the_record(messages)
+            def on_progress(messages: list[dict[str, Any]]) -> None:
+                # The conversation so far, for `merlin logs --follow` and `merlin watch`.
+                with held.db.session() as session:
+                    attempt = session.get_one(Attempt, plan.attempt_id)
+                    attempt.transcript = _for_the_record(messages)
 
-        summary, error, turns, writes = "", None, 0, True
-        transcript: list[dict[str, Any]] = []
-        try:
-            # A live tier with no key or no server fails at once, with no call made.
-            problem = None if plan.original else tier_access(tier)
-            if problem:
-                raise ModelUnreachable(MODEL_UNREACHABLE + problem)
-            call_model = Replayer(
-                plan.replay,
-                before_live=None if plan.original else guard.before_call,  # replays are free
-                # A replay answers from its original only, never from the cache.
-                cache=ResponseCache(held.db)
-                if config.response_cache and not plan.original
-                else None,
-                live=plan.original or complete,
-            )
-            with open_step_tools(worktree, environment, config, plan.agent) as toolbox:
-                writes = can_write(toolbox)
-                result = run_agent(
-                    tier,
-                    brief,
-                    toolbox,
-                    plan.feedback,
-                    on_call,
-                    check_alive,
-                    limits=config.limits,
-                    call_model=call_model,
-                    transcript=transcript,
-                    on_progress=on_progress,
+            summary, error, turns, writes = "", None, 0, True
+            failure = FailureKind.CAPABILITY
+            transcript: list[dict[str, Any]] = []
+            try:
+                # A live tier with no key or no server fails at once, with no call made.
+                problem = None if plan.original else tier_access(tier)
+                if problem:
+                    raise ModelUnreachable(MODEL_UNREACHABLE + problem)
+                call_model = Replayer(
+                    plan.replay,
+                    before_live=None if plan.original else guard.before_call,  # replays free
+                    # A replay answers from its original only, never from the cache.
+                    cache=ResponseCache(held.db)
+                    if config.response_cache and not plan.original
+                    else None,
+                    live=plan.original or complete,
                 )
-            summary, turns = result.summary, result.turns
-            check_alive()
-        except (AgentError, ToolSourceError) as exc:
-            error = str(exc)
-        _settle_permissions(held, worktree, plan.agent)
-        message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
-        commit = commit_all(
-            worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes
-        )
-        edits = brief.step_type != StepType.VERIFY.value and writes  # a reviewer writes nothing
-        if error is None and edits and same_tree(worktree, commit, plan.start_commit):
-            error = NO_CHANGES.format(turns=turns)
+                with open_step_tools(checkout, config, plan.agent) as toolbox:
+                    writes = can_write(toolbox)
+                    result = run_agent(
+                        tier,
+                        brief,
+                        toolbox,
+                        plan.feedback,
+                        on_call,
+                        check_alive,
+                        limits=config.limits,
+                        call_model=call_model,
+                        transcript=transcript,
+                        on_progress=on_progress,
+                    )
+                summary, turns = result.summary, result.turns
+                check_alive()
+            except (AgentError, ToolSourceError) as exc:
+                error = str(exc)
+                if isinstance(exc, ModelUnreachable):
+                    failure = FailureKind.ACCESS
+            _settle_permissions(held, worktree, plan.agent)
+            message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
+            commit = commit_all(
+                worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes
+            )
+            edits = brief.step_type != StepType.VERIFY.value and writes  # a reviewer writes none
+            if error is None and edits and same_tree(worktree, commit, plan.start_commit):
+                error = NO_CHANGES.format(turns=turns)
     finally:
         guard.release_quietly()
-        remove_worktree(repository.path, worktree)
-    return _AttemptEnd(commit, summary, error, turns, transcript)
+    return _AttemptEnd(commit, summary, error, turns, transcript, failure if error else None)
 
 
 def _settle_permissions(held: HeldStep, worktree: Path, agent: AgentDefinition | None) -> None:
@@ -309,20 +276,8 @@ def _record_attempt(held: HeldStep, plan: _AttemptPlan, end: _AttemptEnd) -> boo
         attempt.summary = end.summary[:4000]
         attempt.transcript = _for_the_record(end.transcript)
         attempt.turns = end.turns
-        attempt.status = AttemptStatus.ERROR if end.error else AttemptStatus.COMMITTED
-        attempt.error = end.error
-        if ended:
-            attempt.status = AttemptStatus.CANCELLED
-        if end.error or ended:
-            attempt.finished_at = utcnow()
-        outcome = f"failed: {end.error}" if end.error else f"committed {end.commit[:10]}"
-        add_event(
-            session,
-            held.job_id,
-            "attempt_error" if end.error else "attempt_committed",
-            f"attempt {plan.number} {outcome}",
-            held.step_key,
-            attempt=plan.number,
+        end_attempt(
+            session, held.job_id, held.step_key, attempt, end.error, end.failure, job_ended=ended
         )
     return ended
 
@@ -345,32 +300,19 @@ def _stop_for_budget(held: HeldStep, attempt_id: int, reason: str) -> None:
     with held.db.session() as session:
         release_step(session, held.step_id, held.token)
         attempt = session.get_one(Attempt, attempt_id)
-        attempt.status = AttemptStatus.ERROR
-        attempt.error = reason
-        attempt.finished_at = utcnow()
         step = session.get_one(Step, held.step_id)
-        end_job_in_session(session, held.job_id, step, reason, status=JobStatus.BUDGET_EXCEEDED)
+        stop_for_budget(session, held.job_id, step, attempt, reason)
     finalize_job(held.db, held.settings, held.job_id)
 
 
 def _begin_attempt(held: HeldStep) -> tuple[_AttemptPlan, str, StepBrief]:
     """Create the attempt row (or resume the one a lost worker left running)."""
-    now = utcnow()
     with held.db.session() as session:
         settle(session, held.step_id, held.token)
         job = session.get_one(Job, held.job_id)
         step = session.get_one(Step, held.step_id)
-        if job.status == JobStatus.PENDING:
-            job.status = JobStatus.RUNNING
-            job.started_at = now
-            add_event(session, job.id, "job_started", "job started")
-            if held.config.sandbox.mode is SandboxMode.NONE:
-                add_event(session, job.id, "sandbox_disabled", SANDBOX_OFF_WARNING)
-        if step.status == StepStatus.PENDING:
-            step.status = StepStatus.IN_PROGRESS
-            step.started_at = now
-            step.base_commit = job.head_commit
-            add_event(session, job.id, "step_started", f"step {step.key} started", step.key)
+        start_job(session, job, sandboxed=held.config.sandbox.mode is not SandboxMode.NONE)
+        start_step(session, job, step)
         attempt = _open_attempt(session, held.config, job, step)
         session.flush()
         calls = session.scalar(
@@ -399,14 +341,9 @@ def _open_attempt(session: Session, config: MerlinConfig, job: Job, step: Step) 
     latest = attempts[-1] if attempts else None
     if latest is not None and latest.status == AttemptStatus.RUNNING:
         latest.runs += 1
-        add_event(
-            session,
-            job.id,
-            "attempt_resumed",
-            f"attempt {latest.number} resumed after its worker was lost",
-            step.key,
-            attempt=latest.number,
-        )
+        message = f"attempt {latest.number} resumed after its worker was lost"
+        number: AttemptData = {"attempt": latest.number}
+        add_event(session, job.id, EventKind.ATTEMPT_RESUMED, message, step.key, number)
         return latest
     kind = AttemptKind(step.next_kind)
     tier = config.tiers[step.tier_index]
@@ -429,12 +366,10 @@ def _open_attempt(session: Session, config: MerlinConfig, job: Job, step: Step) 
     add_event(
         session,
         job.id,
-        "attempt_started",
+        EventKind.ATTEMPT_STARTED,
         f"attempt {attempt.number} ({kind}) on tier {tier.name}",
         step.key,
-        attempt=attempt.number,
-        kind=kind.value,
-        tier=tier.name,
+        {"attempt": attempt.number, "kind": kind.value, "tier": tier.name},
     )
     return attempt
 

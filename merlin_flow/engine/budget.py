@@ -29,11 +29,13 @@ from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
+from merlin_flow.engine.feedback import feedback_for
 from merlin_flow.errors import BudgetExceeded, InputError
+from merlin_flow.failures import AttemptKind
 from merlin_flow.models.endpoints import describe
 from merlin_flow.models.llm import call_price, is_priced, litellm_module
 from merlin_flow.models.tokens import conversation_text, count_tokens
-from merlin_flow.store import BudgetHold, Database, Job, LlmCall, utcnow
+from merlin_flow.store import BudgetHold, Database, Job, LlmCall, Step, utcnow
 from merlin_flow.tasklist import TaskList
 
 log = logging.getLogger(__name__)
@@ -143,17 +145,19 @@ class BudgetGuard:
 
     def check(
         self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]], what: str
-    ) -> None:
-        """Refuse ``what`` (a call, an escalation) if its estimate overruns the budget.
+    ) -> float:
+        """``what``'s estimated price (a call, an escalation); refused if it overruns.
 
         Counts the holds of calls in flight, and takes none: ``before_call`` holds.
+        Without a budget nothing is estimated (0.0).
         """
         if self.budget_usd is None:
-            return
+            return 0.0
         estimate = self._estimate(tier, messages, tools, what)
         with self.db.reader() as session:
             paid, held = _committed(session, self.job_id, utcnow(), self.hold_id)
         self._refuse_over(paid, held, estimate, tier, what)
+        return estimate
 
     def before_call(
         self, tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -245,3 +249,28 @@ def job_guard(db: Database, job_id: str, budget_usd: float | None, limits: Limit
         limits.expected_completion_tokens,
         hold_seconds=limits.turn_timeout + 60,
     )
+
+
+def estimate_attempt(
+    db: Database,
+    job_id: str,
+    budget_usd: float,
+    limits: Limits,
+    tier: Tier,
+    step: Step,
+    kind: AttemptKind = AttemptKind.ESCALATE,
+) -> float:
+    """The price of the first call of an attempt of ``kind`` at ``step`` on ``tier``.
+
+    The call is priced as the agent would send it: the step's brief, the feedback such
+    an attempt is given, the built-in tools. BudgetExceeded when the job's budget, less
+    its spend and its calls in flight, cannot pay for it.
+    """
+    # Imported here: a submission checks its prices without loading the agent's stack.
+    from merlin_flow.agents.loop import first_messages
+    from merlin_flow.agents.step_tools import step_brief
+    from merlin_flow.tools.schemas import TOOL_SCHEMAS
+
+    messages = first_messages(step_brief(step), feedback_for(kind, step.attempts))
+    guard = BudgetGuard(db, job_id, budget_usd, limits.expected_completion_tokens)
+    return guard.check(tier, messages, TOOL_SCHEMAS, "escalating")

@@ -10,7 +10,9 @@ A step's lease is ``(lease_owner, lease_expires_at)``:
   the sweep counts a recovery and enqueues the step again. A sweep on the same machine
   does not wait for the expiry: it sees the token's process is gone (``process_gone``).
 
-Claims and renewals are single conditional UPDATEs, so two workers never both win.
+Claims and renewals are single conditional UPDATEs, so two workers never both win. So
+are the writes a worker makes while it holds a step (``settle``, ``release_step``,
+``hand_off``): each applies only while the worker's token still holds the lease.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from sqlalchemy import or_, update
+from sqlalchemy.orm import Session
 
-from merlin_flow.store import Database, Step, utcnow
+from merlin_flow.errors import LeaseLost
+from merlin_flow.store import Database, Phase, Step, utcnow
 
 QUEUED = "queued"
 
@@ -152,6 +157,33 @@ def queued_values(handoff_seconds: float) -> dict[str, object]:
         "lease_owner": QUEUED,
         "lease_expires_at": utcnow() + timedelta(seconds=handoff_seconds),
     }
+
+
+def settle(session: Session, step_id: int, token: str, **values: Any) -> None:
+    """Write ``values`` to the step only while ``token`` holds its lease; LeaseLost otherwise.
+
+    With no values it only checks (and row-locks) the lease for the transaction.
+    """
+    result = session.execute(
+        update(Step)
+        .where(Step.id == step_id, Step.lease_owner == token)
+        .values(**(values or {"lease_owner": token}))
+        .execution_options(synchronize_session=False)
+    )
+    if not result.rowcount:  # type: ignore[attr-defined]
+        raise LeaseLost(f"step {step_id}: lease taken over by another worker")
+
+
+def release_step(session: Session, step_id: int, token: str) -> None:
+    """The step's work is over (passed, failed, stopped): no phase left, no lease held."""
+    settle(session, step_id, token, phase=Phase.DONE, lease_owner=None, lease_expires_at=None)
+
+
+def hand_off(
+    session: Session, step_id: int, token: str, phase: Phase, handoff_seconds: float, **values: Any
+) -> None:
+    """Queue the step for its next task (``phase``), for the next worker to claim."""
+    settle(session, step_id, token, phase=phase, **values, **queued_values(handoff_seconds))
 
 
 class Heartbeat:

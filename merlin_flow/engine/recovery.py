@@ -52,6 +52,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
+from merlin_flow.engine.dispatch import start_runnable
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.graph import is_active
 from merlin_flow.engine.leases import (
     QUEUED,
@@ -60,13 +62,7 @@ from merlin_flow.engine.leases import (
     token_process,
     token_worker,
 )
-from merlin_flow.engine.lifecycle import (
-    add_event,
-    fail_job_in_session,
-    finalize_job,
-    lock_job,
-    start_runnable,
-)
+from merlin_flow.engine.lifecycle import end_job, lock_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
@@ -78,6 +74,7 @@ from merlin_flow.store import (
     WorkerBeat,
     utcnow,
 )
+from merlin_flow.store.events import EventKind, add_event
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +187,8 @@ def _start_stalled(db: Database, settings: Settings, job_id: str) -> tuple[str, 
             return ()
         dispatch = start_runnable(session, job, settings.handoff_seconds)
         for key in dispatch.start:
-            add_event(session, job_id, "step_recovered", f"step {key} queued: none was", key)
+            message = f"step {key} queued: none was"
+            add_event(session, job_id, EventKind.STEP_RECOVERED, message, key)
         return dispatch.start
 
 
@@ -276,7 +274,7 @@ def _take_over(db: Database, settings: Settings, lost: _Candidate) -> str | None
                 f"step lost in between (max_recoveries = {limits.max_recoveries}): it kills "
                 "its worker (a poison step), so it is parked"
             )
-            fail_job_in_session(session, job_id, step, reason)
+            end_job(session, job_id, step, reason, JobStatus.FAILED)
             failed = True
         else:
             if worker_died:
@@ -286,12 +284,10 @@ def _take_over(db: Database, settings: Settings, lost: _Candidate) -> str | None
             add_event(
                 session,
                 job_id,
-                "step_recovered",
+                EventKind.STEP_RECOVERED,
                 f"step {step.key} re-enqueued: {what}",
                 step.key,
-                recoveries=step.recoveries,
-                losses=step.losses,
-                counted=counted,
+                {"recoveries": step.recoveries, "losses": step.losses, "counted": counted},
             )
             failed = False
     if failed:

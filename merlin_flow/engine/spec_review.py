@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.config import Tier
 from merlin_flow.engine.budget import job_guard
-from merlin_flow.engine.lifecycle import HeldStep
+from merlin_flow.engine.held_step import HeldStep
 from merlin_flow.models.journal import CallContext, record_call
 from merlin_flow.models.llm import Completion, complete
 from merlin_flow.planning.spec_check import (

@@ -11,24 +11,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from merlin_flow.agents.loop import first_messages
-from merlin_flow.agents.step_tools import step_brief
 from merlin_flow.config import MerlinConfig
-from merlin_flow.engine.attempt import step_environment
-from merlin_flow.engine.budget import BudgetGuard
-from merlin_flow.engine.escalation import (
-    Action,
-    AttemptKind,
-    Decision,
-    decide,
-    failure_of,
-    failure_reason,
-    feedback_for,
-)
+from merlin_flow.engine.budget import estimate_attempt
+from merlin_flow.engine.dispatch import Dispatch, Outcome, start_runnable
+from merlin_flow.engine.feedback import failure_of, failure_reason
+from merlin_flow.engine.finalize import finalize_job
+from merlin_flow.engine.held_step import HeldStep
 from merlin_flow.engine.integration import (
     INTEGRATION_FAILED,
     Integration,
@@ -36,24 +27,19 @@ from merlin_flow.engine.integration import (
     failure_details,
     integrate,
 )
-from merlin_flow.engine.leases import Heartbeat
+from merlin_flow.engine.leases import Heartbeat, hand_off, release_step
 from merlin_flow.engine.lifecycle import (
-    Dispatch,
-    HeldStep,
-    Outcome,
-    add_event,
-    end_job_in_session,
-    fail_job_in_session,
-    fail_step_in_session,
-    finalize_job,
-    hand_off,
+    cancel_attempt,
+    end_job,
+    fail_attempt,
+    fail_step,
     load_step,
     lock_job,
-    release_step,
-    start_runnable,
+    pass_step,
 )
 from merlin_flow.engine.spec_review import review_attempt
 from merlin_flow.errors import BudgetExceeded, LeaseLost, SetupFailed
+from merlin_flow.failures import Action, AttemptKind, Decision, decide
 from merlin_flow.planning.spec_check import SpecOutcome
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
@@ -65,14 +51,17 @@ from merlin_flow.store import (
     JobStatus,
     Phase,
     Step,
-    StepStatus,
     utcnow,
 )
+from merlin_flow.store.events import (
+    EventKind,
+    ExitCodeData,
+    IntegratedData,
+    SpecCheckData,
+    add_event,
+)
 from merlin_flow.tasklist import OnFailure, StepType
-from merlin_flow.tools.toolbox import TOOL_SCHEMAS
-from merlin_flow.workspace.environment import prepare_worktree, step_confinement
-from merlin_flow.workspace.exit_commands import run_exit_command
-from merlin_flow.workspace.git import add_worktree, diff, remove_worktree
+from merlin_flow.workspace.git import diff
 from merlin_flow.workspace.process import CommandResult
 from merlin_flow.workspace.repository import JobRepository, repository_of
 
@@ -109,18 +98,13 @@ class _Verdict:
         """The spec check's event in the job's history (warnings reach the summary)."""
         if self.spec is not None:
             kind, message = self.spec.event()
-            violations = [str(v) for v in self.spec.result.violations]
-            add_event(
-                session,
-                self.held.job_id,
-                kind,
-                message,
-                self.held.step_key,
-                attempt=attempt.number,
-                policy=self.spec.policy.value,
-                specs=list(self.spec.specs),
-                violations=violations,
-            )
+            data: SpecCheckData = {
+                "attempt": attempt.number,
+                "policy": self.spec.policy.value,
+                "specs": list(self.spec.specs),
+                "violations": [str(v) for v in self.spec.result.violations],
+            }
+            add_event(session, self.held.job_id, kind, message, self.held.step_key, data)
 
 
 def verify_step(
@@ -171,9 +155,9 @@ def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
         # An agent error; or a verify delivered again, after its verdict was recorded.
         return _Verdict(held, attempt_id, status == AttemptStatus.PASSED, None, "")
     repository.have(held.job_id, commit)
-    worktree = held.worktree(f"{held.step_key}-{number}-verify")
     try:
-        _, result = _run_in_worktree(held, repository, commit, worktree, command)
+        name = f"{held.step_key}-{number}-verify"
+        _, result = _run_in_checkout(held, repository, commit, name, command)
     except SetupFailed as exc:
         # The attempt's commit changed the files setup depends on, and setup no longer
         # succeeds: the attempt failed, not the job (setup passed at the step's start
@@ -182,25 +166,19 @@ def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
     return _Verdict(held, attempt_id, result.ok, result.exit_code, result.output_tail)
 
 
-def _run_in_worktree(
-    held: HeldStep, repository: JobRepository, commit: str, worktree: Path, *commands: str
+def _run_in_checkout(
+    held: HeldStep, repository: JobRepository, commit: str, name: str, *commands: str
 ) -> tuple[str, CommandResult]:
-    """Run exit commands on ``commit``, in its environment, in one worktree of its own.
+    """Run exit commands on ``commit``, in its environment, in one checkout of its own.
 
     They run in order until one fails; returns the last one run and its result.
     """
-    environment = step_environment(held, repository, commit)
-    try:
-        add_worktree(repository.path, worktree, commit)
-        prepare_worktree(environment, worktree)
-        confinement = step_confinement(worktree, environment, held.config)
+    with held.checkout(repository, commit, name) as checkout:
         for command in commands:
-            result = run_exit_command(command, confinement, held.config)
+            result = checkout.run_exit_command(command, held.config)
             if not result.ok:
                 break
         return command, result
-    finally:
-        remove_worktree(repository.path, worktree)
 
 
 def _spec_check(verdict: _Verdict, repository: JobRepository) -> _Verdict:
@@ -233,13 +211,11 @@ def _integrate_and_pass(
                 f"merlin({step.key}): {step.description.splitlines()[0][:72]}\n\n"
                 f"Job {held.job_id}, attempt {attempt.number}, merged onto {onto[:10]}."
             )
-            worktree = held.worktree(f"{held.step_key}-{attempt.number}-merged")
+            name = f"{held.step_key}-{attempt.number}-merged"
 
-        def run(
-            merged: str, commands: list[str], worktree: Path = worktree
-        ) -> tuple[str, CommandResult]:
+        def run(merged: str, commands: list[str], name: str = name) -> tuple[str, CommandResult]:
             try:
-                return _run_in_worktree(held, repository, merged, worktree, *commands)
+                return _run_in_checkout(held, repository, merged, name, *commands)
             except SetupFailed as exc:
                 return commands[0], CommandResult(1, str(exc), timed_out=False, duration=0.0)
 
@@ -275,7 +251,7 @@ def _pass(
         step = session.get_one(Step, held.step_id)
         if job.status in FINAL_JOB_STATUSES:  # cancelled meanwhile: the branch stays
             verdict.record_on(attempt)
-            attempt.status = AttemptStatus.CANCELLED
+            cancel_attempt(attempt)
         # The branch moves inside the transaction: if the database write then fails, the
         # lease expires, verify runs again and finds the branch already at `commit`.
         elif not repository.advance(branch, commit, job.head_commit) and (
@@ -285,7 +261,7 @@ def _pass(
                 f"step {step.key} passed, but the job branch {branch} was moved by someone "
                 f"else (expected it at {job.head_commit[:10]}); not overwriting it"
             )
-            fail_job_in_session(session, held.job_id, step, reason)
+            end_job(session, held.job_id, step, reason, JobStatus.FAILED)
         else:
             dispatch = _complete(session, held.settings, job, step, attempt, verdict, integration)
             return Outcome.CONTINUE, dispatch
@@ -303,36 +279,13 @@ def _complete(
     integration: Integration,
 ) -> Dispatch:
     """Record a passed step where the branch moved; queue the steps its pass lets start."""
-    now = utcnow()
     verdict.record_on(attempt)
-    attempt.status = AttemptStatus.PASSED
-    step.status = StepStatus.COMPLETED
-    step.result = attempt.summary or f"verified by `{step.exit_command}`"
-    step.error = None
-    step.finished_at = now
-    job.head_commit = integration.commit or integration.onto
-    job.updated_at = now
     verdict.record_spec_check(session, attempt)
+    head = integration.commit or integration.onto
+    merged: IntegratedData | None = None
     if integration.merged:
-        commands = ", ".join(f"`{command}`" for command in integration.commands)
-        add_event(
-            session,
-            job.id,
-            "step_integrated",
-            f"step {step.key} merged onto {integration.onto[:10]} and verified again by {commands}",
-            step.key,
-            onto=integration.onto,
-            commit=job.head_commit,
-            commands=list(integration.commands),
-        )
-    add_event(
-        session,
-        job.id,
-        "step_completed",
-        f"step {step.key} passed on tier {attempt.tier}",
-        step.key,
-    )
-    return start_runnable(session, job, settings.handoff_seconds)
+        merged = {"onto": integration.onto, "commit": head, "commands": list(integration.commands)}
+    return pass_step(session, job, step, attempt, head, settings.handoff_seconds, merged)
 
 
 def _fail(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
@@ -343,27 +296,19 @@ def _fail(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
         step = session.get_one(Step, held.step_id)
         attempt = session.get_one(Attempt, verdict.attempt_id)
         verdict.record_on(attempt)
-        if attempt.status != AttemptStatus.ERROR:
-            attempt.status = AttemptStatus.FAILED
+        fail_attempt(attempt)
         if verdict.exit_code and verdict.integration is None:
-            add_event(
-                session,
-                held.job_id,
-                "verify_failed",
-                _verify_failure(held.job_id, step, verdict),
-                step.key,
-                attempt=attempt.number,
-                exit_code=verdict.exit_code,
-            )
+            message = _verify_failure(held.job_id, step, verdict)
+            data: ExitCodeData = {"attempt": attempt.number, "exit_code": verdict.exit_code}
+            add_event(session, held.job_id, EventKind.VERIFY_FAILED, message, step.key, data)
         if verdict.integration is not None:
             add_event(
                 session,
                 held.job_id,
-                "integration_failed",
+                EventKind.INTEGRATION_FAILED,
                 attempt.error or INTEGRATION_FAILED,
                 step.key,
-                attempt=attempt.number,
-                onto=verdict.integration.onto,
+                {"attempt": attempt.number, "onto": verdict.integration.onto},
             )
         session.flush()
         verdict.record_spec_check(session, attempt)
@@ -407,16 +352,16 @@ def _plan_next(
     over_budget = _escalation_over_budget(held, session, step, nxt)
     if over_budget is not None:
         release_step(session, held.step_id, held.token)
-        end_job_in_session(session, held.job_id, step, over_budget, JobStatus.BUDGET_EXCEEDED)
+        end_job(session, held.job_id, step, over_budget, JobStatus.BUDGET_EXCEEDED)
         return False, Dispatch()
     if nxt.action not in (Action.FIX, Action.ESCALATE):
         release_step(session, held.step_id, held.token)
         reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
         if step.on_failure == OnFailure.CONTINUE:
             job = session.get_one(Job, held.job_id)
-            fail_step_in_session(session, job, step, reason)
+            fail_step(session, job, step, reason)
             return False, start_runnable(session, job, held.settings.handoff_seconds)
-        fail_job_in_session(session, held.job_id, step, reason)
+        end_job(session, held.job_id, step, reason, JobStatus.FAILED)
         return False, Dispatch()
     kind = nxt.attempt_kind
     if kind is AttemptKind.FIX and verdict.integration is not None:
@@ -425,12 +370,14 @@ def _plan_next(
     add_event(
         session,
         held.job_id,
-        "escalated" if nxt.action is Action.ESCALATE else "fix_planned",
+        EventKind.ESCALATED if nxt.action is Action.ESCALATE else EventKind.FIX_PLANNED,
         f"attempt {attempt.number} failed ({nxt.reason}); next: {kind} on tier {to_tier}",
         step.key,
-        from_tier=config.tiers[step.tier_index].name,
-        to_tier=to_tier,
-        reason=nxt.reason[:2000],
+        {
+            "from_tier": config.tiers[step.tier_index].name,
+            "to_tier": to_tier,
+            "reason": nxt.reason[:2000],
+        },
     )
     hand_off(
         session,
@@ -451,10 +398,9 @@ def _escalation_over_budget(
     budget = session.get_one(Job, held.job_id).budget_usd
     if nxt.action is not Action.ESCALATE or budget is None:
         return None
-    messages = first_messages(step_brief(step), feedback_for(AttemptKind.ESCALATE, step.attempts))
-    guard = BudgetGuard(held.db, held.job_id, budget, held.config.limits.expected_completion_tokens)
+    tier = held.config.tiers[nxt.tier_index]
     try:
-        guard.check(held.config.tiers[nxt.tier_index], messages, TOOL_SCHEMAS, "escalating")
+        estimate_attempt(held.db, held.job_id, budget, held.config.limits, tier, step)
     except BudgetExceeded as exc:
         return f"step {step.key} stopped before escalating: {exc}"
     return None

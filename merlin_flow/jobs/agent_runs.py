@@ -40,6 +40,7 @@ from merlin_flow.tasklist import StepType, TaskList, TaskStep
 from merlin_flow.tool_config import PermissionRules
 from merlin_flow.tools.permissions import Permissions
 from merlin_flow.tools.toolbox import FINISH
+from merlin_flow.workspace.checkout import permission_masks
 from merlin_flow.workspace.exit_commands import exit_command_for
 from merlin_flow.workspace.git import head_commit
 
@@ -173,7 +174,7 @@ def preview(
     system, user = first_messages(brief, None)
     permissions = Permissions(config.permissions)
     offered = [n for n in offered_built_ins(permissions, agent) if n != FINISH]  # always given
-    masks = Permissions(config.permissions, root=root).masks(root)
+    masks = permission_masks(config.permissions, root)
     read_only = masks.read_only if WRITING_TOOLS & set(offered) else (root,)
     return Preview(
         agent=agent,

@@ -21,14 +21,8 @@ from sqlalchemy import select
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.budget import require_priced_tiers
-from merlin_flow.engine.escalation import AttemptKind
-from merlin_flow.engine.lifecycle import (
-    add_event,
-    close_open_attempts,
-    end_job_in_session,
-    finalize_job,
-    start_runnable,
-)
+from merlin_flow.engine.finalize import finalize_job
+from merlin_flow.engine.lifecycle import end_job, reopen_job
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.jobs.submission import check_budget
 from merlin_flow.models.credentials import require_a_usable_tier
@@ -38,15 +32,13 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     RESUMABLE_JOB_STATUSES,
-    AttemptStatus,
     Database,
     Job,
     JobStatus,
-    Phase,
     Step,
     StepStatus,
-    utcnow,
 )
+from merlin_flow.store.events import EventKind, add_event
 from merlin_flow.tasklist import StepType, TaskList
 from merlin_flow.workspace.repository import repository_of
 
@@ -61,7 +53,7 @@ def cancel_job(db: Database, settings: Settings, job_id: str) -> str:
             raise InputError(f"job {job_id} has already ended ({job.status}); nothing to cancel")
         if all(step.status == StepStatus.COMPLETED for step in job.steps):
             raise InputError(f"job {job_id}: every step has passed; it is being finalized")
-        end_job_in_session(session, job_id, None, "cancelled on request", JobStatus.CANCELLED)
+        end_job(session, job_id, None, "cancelled on request", JobStatus.CANCELLED)
     finalize_job(db, settings, job_id)  # waits for a worker that holds a step (see there)
     return JobStatus.CANCELLED
 
@@ -137,39 +129,19 @@ def resume_job(
         changes = _changes(first, exit_command, new_config if config is not None else None)
         if exit_command is not None:
             first.exit_command = exit_command
-        now = utcnow()
-        for step in todo:
-            close_open_attempts(step, AttemptStatus.CANCELLED, now)  # a lost worker's, a cancel's
-            failed = (AttemptStatus.FAILED, AttemptStatus.ERROR)
-            failed_before = any(a.status in failed for a in step.attempts)
-            step.status = StepStatus.PENDING
-            step.phase = Phase.ATTEMPT
-            step.next_kind = (AttemptKind.ESCALATE if failed_before else AttemptKind.EXECUTE).value
-            step.error = step.result = None
-            step.finished_at = None
-            step.base_commit = None
-            step.recoveries = 0
-            step.lease_owner = step.lease_expires_at = None
         if tier_index is not None:
             first.tier_index = tier_index
-        session.flush()
-        started = start_runnable(session, job, settings.handoff_seconds).start
-        job.status = JobStatus.RUNNING if job.started_at else JobStatus.PENDING
-        job.error = None
-        job.finished_at = None
-        job.patch_path = None
-        job.updated_at = utcnow()
+        started = reopen_job(session, job, todo, settings.handoff_seconds).start
         if budget_usd is not None:
             job.budget_usd = budget_usd
         tier_name = new_config.tiers[first.tier_index].name
         add_event(
             session,
             job_id,
-            "job_resumed",
+            EventKind.JOB_RESUMED,
             f"job resumed from step {first.key} on tier {tier_name}{changes}",
             first.key,
-            tier=tier_name,
-            started=list(started),
+            {"tier": tier_name, "started": list(started)},
         )
         return first.key
 

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
+from merlin_flow.store.events import EventKind, NextAttemptData, data_of
 
 DURATION = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$")
 UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -172,19 +173,21 @@ def _sum_costs(rows: list[AttemptCosts]) -> CostFields:
 
 
 def _escalations(session: Session, job_ids: Any) -> list[Escalation]:
-    events = session.scalars(
-        select(Event).where(Event.job_id.in_(job_ids), Event.kind == "escalated").order_by(Event.id)
-    ).all()
-    return [
-        {
-            "job_id": event.job_id,
-            "step": event.step_key,
-            "from_tier": (event.data or {}).get("from_tier"),
-            "to_tier": (event.data or {}).get("to_tier"),
-            "reason": (event.data or {}).get("reason"),
-        }
-        for event in events
-    ]
+    escalated = Event.job_id.in_(job_ids), Event.kind == EventKind.ESCALATED
+    events = session.scalars(select(Event).where(*escalated).order_by(Event.id)).all()
+    found: list[Escalation] = []
+    for event in events:
+        data = data_of(event, NextAttemptData)
+        found.append(
+            {
+                "job_id": event.job_id,
+                "step": event.step_key,
+                "from_tier": data.get("from_tier"),
+                "to_tier": data.get("to_tier"),
+                "reason": data.get("reason"),
+            }
+        )
+    return found
 
 
 def job_costs(db: Database, job_id: str) -> JobCosts:

@@ -6,16 +6,18 @@ stop a job (no worker yet, no sandbox by choice); a ``fail`` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import MerlinError
 from merlin_flow.models.credentials import tier_access
 from merlin_flow.models.endpoints import pin_endpoints
 from merlin_flow.models.llm import is_priced
 from merlin_flow.settings import Settings
+from merlin_flow.tool_config import SandboxMode
 from merlin_flow.workspace.sandbox import sandbox_problem
 
 
@@ -41,8 +43,16 @@ class Check:
         return {**asdict(self), "verdict": self.verdict.value}
 
 
-def run_checks(settings: Settings, config: MerlinConfig, repo: Path | None) -> list[Check]:
-    """Every check, in the order a user would fix them."""
+BrokerProbe = Callable[[], tuple[str | None, dict[str, int] | None]]
+"""Asks the broker: why it cannot be reached (None: it answers), and how many workers
+consume each queue (None: the broker cannot tell). ``workers.roles.broker_report``
+gives one; the library itself never imports the worker package."""
+
+
+def run_checks(
+    settings: Settings, config: MerlinConfig, repo: Path | None, broker: BrokerProbe
+) -> list[Check]:
+    """Every check, in the order a user would fix them; ``broker`` asks the broker."""
     checks = [sandbox_check(config)]
     config = pin_endpoints(config)  # as a job submitted from here would call them
     problems = {tier.name: tier_access(tier) for tier in config.tiers}
@@ -58,7 +68,7 @@ def run_checks(settings: Settings, config: MerlinConfig, repo: Path | None) -> l
         for tier in config.tiers
     ]
     checks.append(database_check(settings))
-    checks += broker_checks(settings)
+    checks += broker_checks(broker)
     if repo is not None:
         checks.append(environment_check(repo, config))
     return checks
@@ -130,12 +140,9 @@ def database_check(settings: Settings) -> Check:
     return Check("database", Verdict.OK, f"reachable, schema at {head}")
 
 
-def broker_checks(settings: Settings) -> list[Check]:
+def broker_checks(broker: BrokerProbe) -> list[Check]:
     """The broker answers; a worker consumes each queue (unknown on the embedded broker)."""
-    from workers.app import create_app
-    from workers.roles import broker_report
-
-    problem, counts = broker_report(create_app(settings))
+    problem, counts = broker()
     if problem:
         return [Check("broker", Verdict.FAIL, problem, "check MERLIN_BROKER_URL and the server")]
     checks = [Check("broker", Verdict.OK, "reachable")]

@@ -22,6 +22,7 @@ from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
+from merlin_flow.store.events import EventKind
 from merlin_flow.tasklist import TaskList
 from merlin_flow.workspace.git import git
 from merlin_flow.workspace.repository import JobRepository, repository_of
@@ -157,7 +158,7 @@ def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
         resumes = session.scalar(
             select(func.count())
             .select_from(Event)
-            .where(Event.job_id == original.id, Event.kind == "job_resumed")
+            .where(Event.job_id == original.id, Event.kind == EventKind.JOB_RESUMED)
         )
         return ReplayReport(
             original=original.id,

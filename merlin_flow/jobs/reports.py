@@ -1,7 +1,8 @@
-"""Reports of a finished job: JUnit XML for CI (a test case per step), the Markdown summary.
+"""Reports of a finished job for CI: JUnit XML (a test case per step), written atomically.
 
 Files for pipelines are written atomically (a temporary file renamed into place), so a
-pipeline never reads half a report.
+pipeline never reads half a report. The Markdown summary finalize writes beside the patch
+is the engine's (``merlin_flow.engine.summary``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import os
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +18,6 @@ from merlin_flow.store.status import StepStatus
 
 if TYPE_CHECKING:
     from merlin_flow.jobs.views import JobView
-    from merlin_flow.store import Job
 
 
 def junit_xml(view: JobView) -> str:
@@ -90,32 +89,3 @@ def _seconds(started: str | None, finished: str | None) -> float:
     begin = datetime.fromisoformat(started.removesuffix("Z"))
     end = datetime.fromisoformat(finished.removesuffix("Z"))
     return max(0.0, (end - begin).total_seconds())
-
-
-def job_summary(job: Job, patch_error: str | None = None, warnings: Sequence[str] = ()) -> str:
-    """A Markdown summary of a finished job: outcome, each step's attempts, the warnings.
-
-    ``warnings``: what the job's history says should be read (the spec check's
-    ``spec_warning`` events).
-    """
-    lines = [
-        f"# {job.title}",
-        "",
-        f"- job: {job.id}, status: **{job.status}**",
-        f"- repository: {job.repo}",
-        f"- branch: {job.branch} ({job.base_commit[:10]}..{job.head_commit[:10]})",
-    ]
-    if job.error:
-        lines.append(f"- error: {job.error}")
-    if patch_error:
-        lines.append(f"- patch: not written, the repository could not be read: {patch_error}")
-    lines += ["", "| step | type | status | attempts (kind@tier: exit code) |", "|---|---|---|---|"]
-    for step in job.steps:
-        attempts = ", ".join(
-            f"{a.kind}@{a.tier}: {a.exit_code if a.exit_code is not None else a.status}"
-            for a in step.attempts
-        )
-        lines.append(f"| {step.key} | {step.step_type} | {step.status} | {attempts} |")
-    if warnings:
-        lines += ["", "## Warnings", "", *(f"- {warning}" for warning in warnings)]
-    return "\n".join(lines) + "\n"

@@ -31,7 +31,7 @@ from merlin_flow.agents.choice import choose_agents
 from merlin_flow.agents.definitions import load_agents
 from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config
 from merlin_flow.engine.budget import require_priced_tiers
-from merlin_flow.engine.lifecycle import add_event
+from merlin_flow.engine.lifecycle import approve_plan, await_approval, record_answer, reject_plan
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.jobs.submission import (
     add_steps,
@@ -53,6 +53,7 @@ from merlin_flow.planning.specs import relevant_constraints
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, utcnow
 from merlin_flow.store.database import write_patiently
+from merlin_flow.store.events import EventKind, add_event
 from merlin_flow.tasklist import TaskList
 from merlin_flow.tools.permissions import Permissions
 from merlin_flow.workspace.git import job_branch
@@ -134,7 +135,8 @@ def submit_request(
                 request=request,
             )
         )
-        add_event(session, job_id, "job_submitted", f"request submitted: {_title(request)}")
+        message = f"request submitted: {_title(request)}"
+        add_event(session, job_id, EventKind.JOB_SUBMITTED, message)
 
     # One transaction, tried again if an outage cuts it (never recorded twice).
     write_patiently(db, write, lambda s: s.get(Job, job_id) is not None, f"job {job_id}")
@@ -183,12 +185,8 @@ def plan_job(
         answer = answer_question(repository, base, config, request, calls)
         with db.session() as session:
             job = session.get_one(Job, job_id)
-            job.answer = answer.text
             job.plan = {"kind": "question", "error": answer.error}
-            job.status = JobStatus.COMPLETED if answer.error is None else JobStatus.FAILED
-            job.error = answer.error
-            job.finished_at = utcnow()
-            add_event(session, job_id, "question_answered", answer.error or "question answered")
+            record_answer(session, job, answer.text, answer.error)
             return job.status
     made = make_plan(request, config, request_context(repository, base, config, request), calls)
     tasklist = to_tasklist(request, made.steps)
@@ -197,9 +195,8 @@ def plan_job(
         job.title = tasklist.title
         job.tasklist = tasklist.model_dump(mode="json")
         job.plan = plan_record(made, job.tasklist)
-        job.status = JobStatus.AWAITING_APPROVAL
         how = "fallback plan" if made.fallback else f"plan of {len(tasklist.steps)} step(s)"
-        add_event(session, job_id, "plan_ready", f"{how}: waiting for approval")
+        await_approval(session, job, how)
     return JobStatus.AWAITING_APPROVAL
 
 
@@ -256,9 +253,7 @@ def approve_job(
             who = approved_by or user_name()
             job.plan = dict(job.plan or {}, approved_by=who, approved_at=utcnow().isoformat())
             job.plan["edited"] = tasklist is not None
-            job.status = JobStatus.PENDING
-            edited = " (edited)" if tasklist is not None else ""
-            add_event(session, job_id, "plan_approved", f"plan approved by {who}{edited}")
+            approve_plan(session, job, who, edited=tasklist is not None)
             session.flush()
         except BaseException:
             repository.drop_branch(job.branch)
@@ -270,10 +265,8 @@ def reject_job(db: Database, job_id: str, rejected_by: str | None = None) -> Non
     with db.session() as session:
         job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "rejected")
         who = rejected_by or user_name()
-        job.status = JobStatus.REJECTED
-        job.finished_at = utcnow()
         job.plan = dict(job.plan or {}, rejected_by=who, rejected_at=utcnow().isoformat())
-        add_event(session, job_id, "plan_rejected", f"plan rejected by {who}")
+        reject_plan(session, job, who)
 
 
 def _job(job: Job | None, job_id: str) -> Job:

@@ -22,7 +22,6 @@ from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config, scri
 from merlin_flow.engine.budget import require_priced_tiers
 from merlin_flow.engine.graph import dependencies, runnable
 from merlin_flow.engine.leases import queued_values
-from merlin_flow.engine.lifecycle import add_event
 from merlin_flow.errors import ConfigError, InputError, RecordInDoubt
 from merlin_flow.models.credentials import require_a_usable_tier
 from merlin_flow.models.endpoints import pin_endpoints
@@ -30,6 +29,7 @@ from merlin_flow.planning.routing import start_tier
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
 from merlin_flow.store.database import write_patiently
+from merlin_flow.store.events import EventKind, add_event
 from merlin_flow.tasklist import TaskList, load_tasklist
 from merlin_flow.workspace.exit_commands import exit_command_for
 from merlin_flow.workspace.git import job_branch, uncommitted_files
@@ -203,7 +203,8 @@ def create_job(
         )
         session.add(job)
         add_steps(job, tasklist, config, commands, settings, agents)
-        add_event(session, job_id, "job_submitted", f"job submitted: {tasklist.title}")
+        message = f"job submitted: {tasklist.title}"
+        add_event(session, job_id, EventKind.JOB_SUBMITTED, message)
 
     try:  # one transaction, tried again if an outage cuts it (never recorded twice)
         write_patiently(db, write, lambda s: s.get(Job, job_id) is not None, f"job {job_id}")

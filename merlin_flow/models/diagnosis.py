@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from merlin_flow.engine.escalation import FailureKind
+from merlin_flow.failures import FailureKind
 
 DETAIL_CHARS = 500
 

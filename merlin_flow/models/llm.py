@@ -204,17 +204,17 @@ def outgoing(messages: list[dict[str, Any]], tier: Tier) -> list[dict[str, Any]]
 MAX_REPLY_CHARS = 2**20
 """A reply's text is cut here (the agent keeps far less of it in its context)."""
 REPLY_CUT = "\n[merlin: the reply was cut at {} characters]"
+MAX_ARGUMENT_CHARS = 8 * 2**20
+"""Longest arguments text (JSON) a tool call may carry; the toolbox parses no longer one."""
 
 
 def _message_dict(message: Any) -> dict[str, Any]:
     """The reply as an OpenAI message, bounded before anything (the journal) keeps it.
 
     Text past ``MAX_REPLY_CHARS`` is cut; tool-call arguments past the most a call may
-    carry (``tools.MAX_ARGUMENT_CHARS``) are cut one character beyond it, so the tool
-    refuses them exactly as it would have refused the whole.
+    carry (``MAX_ARGUMENT_CHARS``) are cut one character beyond it, so the tool refuses
+    them exactly as it would have refused the whole.
     """
-    from merlin_flow.tools.toolbox import MAX_ARGUMENT_CHARS
-
     content = message.content
     if isinstance(content, str) and len(content) > MAX_REPLY_CHARS:
         content = content[:MAX_REPLY_CHARS] + REPLY_CUT.format(MAX_REPLY_CHARS)

@@ -29,6 +29,7 @@ from merlin_flow.errors import GitError, MerlinError
 from merlin_flow.models.diagnosis import examine
 from merlin_flow.models.llm import Completion, ModelCall, complete
 from merlin_flow.planning.specs import relevant_constraints
+from merlin_flow.store.events import EventKind
 
 log = logging.getLogger(__name__)
 
@@ -186,14 +187,14 @@ class SpecOutcome:
             f"{self.result.text()}"
         )
 
-    def event(self) -> tuple[str, str]:
+    def event(self) -> tuple[EventKind, str]:
         """The event kind and message that record the check in the job's history."""
         specs = ", ".join(self.specs)
         if self.result.violations:
-            kind = "spec_violation" if self.fails else "spec_warning"
+            kind = EventKind.SPEC_VIOLATION if self.fails else EventKind.SPEC_WARNING
             count = len(self.result.violations)
             return kind, (
                 f"spec check ({self.policy}) found {count} violation(s) of {specs}:\n"
                 f"{self.result.text()}"
             )
-        return "spec_check", self.result.note or f"spec check passed ({specs})"
+        return EventKind.SPEC_CHECK, self.result.note or f"spec check passed ({specs})"

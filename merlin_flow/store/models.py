@@ -159,6 +159,9 @@ class Attempt(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     output_tail: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    failure_kind: Mapped[str | None] = mapped_column(String(16))
+    """Why a failed attempt failed (``merlin_flow.failures.FailureKind``); None while it
+    has not failed, and for a failed exit command (a capability failure)."""
     feedback: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[str | None] = mapped_column(Text)
     transcript: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)

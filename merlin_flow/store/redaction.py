@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
-from merlin_flow.config import is_secret_name
+from merlin_flow.tool_config import is_secret_name
 
 REDACTED = "[REDACTED]"
 """What a secret is replaced with."""

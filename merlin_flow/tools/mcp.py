@@ -32,9 +32,8 @@ import threading
 from collections.abc import Coroutine, Iterator, Mapping
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import ToolSourceError
-from merlin_flow.tool_config import McpServer
+from merlin_flow.tool_config import McpServer, Sandbox, SandboxMode
 from merlin_flow.workspace.process import ResourceLimits
 from merlin_flow.workspace.sandbox import (
     Confinement,

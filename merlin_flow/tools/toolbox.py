@@ -4,9 +4,10 @@ Every path argument is resolved (symlinks included) and must stay inside the wor
 the repository's ``.git`` entry is off limits too. A refused or failing call returns an
 ``error: ...`` string to the model: a tool never raises into the agent loop.
 
-``run_command`` runs a shell command in the sandbox (``merlin_flow.workspace.sandbox``): the
-worktree at ``/workspace``, the project's environment first on PATH, no network, no
-home and no secret, killed whole at its timeout. ``finish`` ends the attempt: the loop
+The toolbox works in a ``Checkout`` (``merlin_flow.workspace.checkout``): its files are
+the checkout's worktree, and ``run_command`` runs a shell command in the checkout's
+sandbox: the worktree at ``/workspace``, the project's environment first on PATH, no
+network, no home and no secret, killed whole at its timeout. ``finish`` ends the attempt: the loop
 (``merlin_flow.agents.loop``) acts on it, the toolbox only answers "finished".
 
 Seams for what plugs in from elsewhere: a ``gate`` sees every call (name and parsed
@@ -31,21 +32,18 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from merlin_flow.config import Sandbox
+from merlin_flow.models.llm import MAX_ARGUMENT_CHARS
 from merlin_flow.tools.memo import DEFAULT_WINDOW, ReadMemo
 from merlin_flow.tools.schemas import FINISH as FINISH  # re-exported: the loop acts on it
 from merlin_flow.tools.schemas import TOOL_SCHEMAS as TOOL_SCHEMAS  # re-exported
 from merlin_flow.tools.views import closest, line_number, numbered, occurrences
-from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
+from merlin_flow.workspace.checkout import Checkout
 
 MAX_READ_CHARS = 100_000
-MAX_ARGUMENT_CHARS = 8 * 2**20
-"""Longest arguments text (JSON) a tool call may have; a longer one is not parsed."""
 MAX_WRITE_BYTES = 4 * 2**20
 """Largest file (UTF-8 bytes) a write or edit may leave, or `[sandbox] max_file_size_mb`."""
 MAX_FILE_BYTES = 16 * 2**20
@@ -119,10 +117,8 @@ class Toolbox:
 
     def __init__(
         self,
-        root: Path,
+        checkout: Checkout | Path,
         command_timeout: float = 120.0,
-        confinement: Confinement | None = None,
-        sandbox: Sandbox | None = None,
         only: tuple[str, ...] | None = None,
         *,
         gate: Gate | None = None,
@@ -131,23 +127,19 @@ class Toolbox:
         offer_finish: bool = True,
         memo_window: int = DEFAULT_WINDOW,
     ) -> None:
-        """Bind the tools to ``root``; ``command_timeout`` caps `run_command`.
+        """Bind the tools to ``checkout``; ``command_timeout`` caps `run_command`.
 
-        ``confinement`` and ``sandbox`` say where `run_command` runs; by default in the
-        bubblewrap sandbox with merlin's own interpreter first on PATH. ``only`` keeps
-        these tools (built-in or ``extra``) and no other (``READ_ONLY_TOOLS``); `finish`
-        is offered whatever ``only`` says, unless ``offer_finish`` is False. ``gate``
-        may refuse any call but `finish`; ``readable`` hides files from walks.
-        ``memo_window``: turns a repeated read of an unchanged file is suppressed for.
+        The checkout says where files are and where `run_command` runs; a plain folder
+        is a checkout of its own (``Checkout.folder``: the bubblewrap sandbox, merlin's
+        own interpreter first on PATH). ``only`` keeps these tools (built-in or
+        ``extra``) and no other (``READ_ONLY_TOOLS``); `finish` is offered whatever
+        ``only`` says, unless ``offer_finish`` is False. ``gate`` may refuse any call but
+        `finish`; ``readable`` hides files from walks. ``memo_window``: turns a repeated
+        read of an unchanged file is suppressed for.
         """
-        self.root = root.resolve()
+        self.checkout = checkout if isinstance(checkout, Checkout) else Checkout.folder(checkout)
+        self.root = self.checkout.worktree.resolve()
         self.command_timeout = command_timeout
-        self.confinement = confinement or Confinement(
-            worktree=self.root,
-            read_only=python_mounts(None),
-            path=(str(Path(sys.executable).parent),),
-        )
-        self.sandbox = sandbox or Sandbox()
         self.gate = gate
         self.readable = readable
         self._memo = ReadMemo(memo_window)
@@ -337,7 +329,7 @@ class Toolbox:
         """Run ``command`` with /bin/sh in the sandbox; report exit code and output."""
         limit = min(float(timeout), self.command_timeout) if timeout else self.command_timeout
         argv = ["/bin/sh", "-c", command]
-        result = run_confined(argv, self.confinement, self.sandbox, limit)
+        result = self.checkout.run(argv, limit)
         return f"exit code: {result.exit_code}\n{result.output_tail}"
 
     def finish(self, summary: str) -> str:
@@ -359,8 +351,9 @@ class Toolbox:
     def _writable(self, data: bytes, path: str) -> bytes:
         """``data`` if a file may hold it; ToolRefused naming the limit otherwise."""
         limit, name = MAX_WRITE_BYTES, "merlin_flow.tools.toolbox.MAX_WRITE_BYTES"
-        if self.sandbox.max_file_size_mb and self.sandbox.max_file_size_mb * 2**20 < limit:
-            limit, name = self.sandbox.max_file_size_mb * 2**20, "[sandbox] max_file_size_mb"
+        most = self.checkout.sandbox.max_file_size_mb
+        if most and most * 2**20 < limit:
+            limit, name = most * 2**20, "[sandbox] max_file_size_mb"
         if len(data) > limit:
             raise ToolRefused(
                 f"{path!r} would be {len(data)} bytes, over the {limit} a tool may write "

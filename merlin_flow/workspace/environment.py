@@ -38,9 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from merlin_flow.config import MerlinConfig, SandboxMode
+from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
+from merlin_flow.tool_config import SandboxMode
 from merlin_flow.workspace.exit_commands import MARKERS, ProjectKind
 from merlin_flow.workspace.git import add_worktree, git, remove_worktree, run_git
 from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
@@ -205,45 +206,6 @@ def ensure_environment(
         started = time.monotonic()
         _build(settings, config, plan, git_dir, commit, folder)
         return BuiltEnvironment(folder, built=True, seconds=time.monotonic() - started)
-
-
-def step_confinement(
-    worktree: Path,
-    environment: BuiltEnvironment | None,
-    config: MerlinConfig,
-    *,
-    writable: bool = True,
-) -> Confinement:
-    """How a step's commands (tools, exit command, MCP servers) are confined in ``worktree``.
-
-    The `[permissions]` path rules reach them as mounts: what a `Read` deny covers is
-    hidden, what an `Edit`/`Write` deny covers is read-only (``Permissions.masks``, taken
-    from the worktree as it is now). ``writable=False``: the worktree is read-only too
-    (an agent without a tool that writes).
-    """
-    if environment is None:
-        # No environment: merlin's own interpreter first on PATH (read-only).
-        confinement = Confinement(
-            worktree=worktree,
-            network=config.sandbox.network,
-            read_only=python_mounts(None),
-            path=(str(Path(sys.executable).parent),),
-            worktree_writable=writable,
-        )
-    else:
-        confinement = Confinement(
-            worktree=worktree,
-            env_dir=environment.path,
-            network=config.sandbox.network,
-            read_only=python_mounts(environment.path),
-            worktree_writable=writable,
-        )
-    rules = config.permissions
-    if rules.deny or rules.ask or rules.default == "deny":
-        from merlin_flow.tools.permissions import Permissions
-
-        confinement = confinement.masked(Permissions(rules, root=worktree).masks(worktree))
-    return confinement
 
 
 def _build(

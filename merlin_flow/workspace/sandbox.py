@@ -40,8 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import SandboxUnavailable
+from merlin_flow.tool_config import Sandbox, SandboxMode
 from merlin_flow.workspace.process import (
     OUTPUT_TAIL_CHARS,
     CommandResult,

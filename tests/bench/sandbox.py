@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from merlin_flow.config import Environment, MerlinConfig, Sandbox, SandboxMode, Tier
+from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.settings import Settings
+from merlin_flow.tool_config import Environment, Sandbox, SandboxMode
 from merlin_flow.workspace.environment import ensure_environment
 from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
 

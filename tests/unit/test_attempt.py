@@ -10,8 +10,8 @@ from sqlalchemy import select, update
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.engine.attempt import NO_CHANGES, execute_step
+from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.leases import claim
-from merlin_flow.engine.lifecycle import Outcome
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.jobs.views import job_view
@@ -59,7 +59,7 @@ def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
 ) -> None:
     from merlin_flow.agents.loop import first_messages
     from merlin_flow.engine.attempt import _begin_attempt
-    from merlin_flow.engine.lifecycle import HeldStep
+    from merlin_flow.engine.held_step import HeldStep
     from merlin_flow.models.journal import CallContext, record_call
     from merlin_flow.models.llm import complete
     from merlin_flow.store import Attempt, LlmCall
@@ -207,7 +207,7 @@ def test_a_refused_reply_is_journaled_as_an_error_with_what_it_cost(
 ) -> None:
     from merlin_flow.agents.loop import first_messages
     from merlin_flow.engine.attempt import _begin_attempt
-    from merlin_flow.engine.lifecycle import HeldStep
+    from merlin_flow.engine.held_step import HeldStep
     from merlin_flow.errors import ModelRefused
     from merlin_flow.models.journal import CallContext, record_call, replayable_calls
     from merlin_flow.models.llm import complete

@@ -18,7 +18,7 @@ from sqlalchemy import event, select
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.engine.attempt import execute_step
 from merlin_flow.engine.budget import BudgetGuard
-from merlin_flow.engine.lifecycle import Outcome
+from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.errors import BudgetExceeded
 from merlin_flow.jobs.submission import create_job

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.config import MerlinConfig, SandboxMode, Tier, load_config
+from merlin_flow.config import MerlinConfig, Tier, load_config
 from merlin_flow.errors import ConfigError
 from merlin_flow.tasklist import StepType
+from merlin_flow.tool_config import SandboxMode
 
 
 def write(path: Path, text: str) -> Path:

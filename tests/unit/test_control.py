@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import select, update
 
 from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.leases import claim
-from merlin_flow.engine.lifecycle import Outcome
 from merlin_flow.engine.recovery import sweep
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.views import job_view

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.config import Environment, MerlinConfig, Tier
+from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
+from merlin_flow.tool_config import Environment
+from merlin_flow.workspace.checkout import confine
 from merlin_flow.workspace.environment import (
     MARKER_FILE,
     ensure_environment,
     plan_environment,
-    step_confinement,
 )
 from merlin_flow.workspace.exit_commands import ProjectKind
 from merlin_flow.workspace.sandbox import run_confined, sandbox_problem
@@ -186,6 +187,6 @@ def test_setup_sees_the_project_at_workspace_and_steps_see_their_own_worktree(
     worktree.mkdir()
     (worktree / "src").mkdir()
     (worktree / "src" / "marker").write_text("the attempt's code\n")
-    box = step_confinement(worktree, env, cfg)
+    box = confine(worktree, env, cfg)
     result = run_confined(["/bin/sh", "-c", "cat $MERLIN_ENV/code/marker"], box, cfg.sandbox, 10)
     assert result.output_tail == "the attempt's code\n"

@@ -8,19 +8,8 @@ from typing import Any
 import pytest
 
 from merlin_flow.config import Limits
-from merlin_flow.engine.escalation import (
-    FEEDBACK_CHARS,
-    MODEL_UNREACHABLE,
-    Action,
-    AttemptKind,
-    Decision,
-    Failure,
-    FailureKind,
-    decide,
-    failure_of,
-    failure_reason,
-    feedback_for,
-)
+from merlin_flow.engine.feedback import FEEDBACK_CHARS, failure_of, failure_reason, feedback_for
+from merlin_flow.failures import Action, AttemptKind, Decision, Failure, FailureKind, decide
 from merlin_flow.models.diagnosis import classify
 from merlin_flow.store import Attempt
 
@@ -35,6 +24,7 @@ def attempt(
     exit_code: int | None = 1,
     error: str | None = None,
     output_tail: str | None = None,
+    failure_kind: str | None = None,
 ) -> Any:
     return SimpleNamespace(
         number=number,
@@ -44,6 +34,7 @@ def attempt(
         exit_code=exit_code,
         error=error,
         output_tail=output_tail,
+        failure_kind=failure_kind,
     )
 
 
@@ -250,9 +241,11 @@ def test_access_failures_are_never_retried_nor_fixed() -> None:
     assert last.action is Action.FAIL_STEP
 
 
-def test_failure_of_recognises_an_unreachable_model() -> None:
-    error = MODEL_UNREACHABLE + "tier 'fast' (openai/x): missing credentials"
-    unreachable = attempt(1, E, status="error", exit_code=None, error=error)
-    assert failure_of(unreachable).kind is FailureKind.ACCESS
+def test_failure_of_reads_the_stored_kind_never_the_error_text() -> None:
+    error = "tier 'fast' (openai/x): missing credentials"
+    unreachable = attempt(1, E, status="error", exit_code=None, error=error, failure_kind="access")
+    assert failure_of(unreachable) == Failure(FailureKind.ACCESS, error)
+    looks_alike = attempt(1, E, status="error", exit_code=None, error="model unreachable: x")
+    assert failure_of(looks_alike).kind is FailureKind.CAPABILITY
     failed = attempt(1, E, exit_code=1)
     assert failure_of(failed).kind is FailureKind.CAPABILITY

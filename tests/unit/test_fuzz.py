@@ -20,7 +20,7 @@ from merlin_flow.agents.definitions import AgentScope, parse_agent_file
 from merlin_flow.config import load_config
 from merlin_flow.errors import AgentFileError, ConfigError, TaskListError
 from merlin_flow.tasklist import load_tasklist, parse_tasklist
-from merlin_flow.tools.permissions import parse_rule
+from merlin_flow.tool_config import parse_rule
 from tests.conftest import make_repo
 from tests.fuzz_inputs import PROPERTIES, SCRIPTS, Property, Unexpected, tasklist_documents
 

@@ -29,12 +29,14 @@ from merlin_flow.agents.loop import (
     StepBrief,
     run_agent,
 )
-from merlin_flow.config import Limits, Sandbox, SandboxMode, Tier
+from merlin_flow.config import Limits, Tier
 from merlin_flow.errors import AgentError
-from merlin_flow.models.llm import Completion
+from merlin_flow.models.llm import MAX_ARGUMENT_CHARS, Completion
 from merlin_flow.models.tokens import conversation_text, count_tokens
 from merlin_flow.store.redaction import Redactor
-from merlin_flow.tools.toolbox import MAX_ARGUMENT_CHARS, MAX_WRITE_BYTES, Toolbox
+from merlin_flow.tool_config import Sandbox, SandboxMode
+from merlin_flow.tools.toolbox import MAX_WRITE_BYTES, Toolbox
+from merlin_flow.workspace.checkout import Checkout
 from merlin_flow.workspace.process import OUTPUT_TAIL_CHARS
 from merlin_flow.workspace.sandbox import Confinement, run_confined, sandbox_problem
 
@@ -83,7 +85,7 @@ def converse(
     return run_agent(
         TIER,
         BRIEF,
-        Toolbox(root, sandbox=NONE),
+        Toolbox(Checkout.folder(root, NONE)),
         None,
         lambda *_: None,
         limits=Limits(max_turns=max_turns),
@@ -106,7 +108,7 @@ def needs_bwrap(mode: SandboxMode) -> None:
     ids=["not-json", "int", "list", "deep", "string", "null", "wrong-type"],
 )
 def test_malformed_arguments_are_answered_never_raised(tmp_path: Path, arguments: Any) -> None:
-    reply = Toolbox(tmp_path, sandbox=NONE).call("write_file", arguments)
+    reply = Toolbox(Checkout.folder(tmp_path, NONE)).call("write_file", arguments)
     assert reply.startswith("error: ")
     assert list(tmp_path.iterdir()) == []
 
@@ -165,7 +167,7 @@ def test_a_10_mb_final_reply_is_a_summary_and_counts_and_redacts(tmp_path: Path)
 
 
 def test_nul_bytes_are_written_faithfully(tmp_path: Path) -> None:
-    tools = Toolbox(tmp_path, sandbox=NONE)
+    tools = Toolbox(Checkout.folder(tmp_path, NONE))
     assert tools.call(
         "write_file", json.dumps({"path": "n.txt", "content": "a\u0000b"})
     ).startswith("wrote 3")
@@ -176,7 +178,7 @@ def test_nul_bytes_are_written_faithfully(tmp_path: Path) -> None:
 
 
 def test_lone_surrogates_are_refused_and_the_file_is_kept(tmp_path: Path) -> None:
-    tools = Toolbox(tmp_path, sandbox=NONE)
+    tools = Toolbox(Checkout.folder(tmp_path, NONE))
     (tmp_path / "f.txt").write_text("keep me\n")
     for name, arguments in [
         ("write_file", '{"path": "f.txt", "content": "bad \\udcff"}'),
@@ -191,7 +193,7 @@ def test_lone_surrogates_are_refused_and_the_file_is_kept(tmp_path: Path) -> Non
 
 def test_a_file_that_is_not_utf8_is_an_error_reply(tmp_path: Path) -> None:
     (tmp_path / "b.bin").write_bytes(b"\xff\xfe\x00\x80")
-    tools = Toolbox(tmp_path, sandbox=NONE)
+    tools = Toolbox(Checkout.folder(tmp_path, NONE))
     for name, arguments in [
         ("read_file", {"path": "b.bin"}),
         ("edit_file", {"path": "b.bin", "old": "a", "new": "b"}),
@@ -209,9 +211,11 @@ BIG_WRITE = textwrap.dedent(
     import json, resource, sys
     from pathlib import Path
     from merlin_flow.agents.loop import run_agent, StepBrief
-    from merlin_flow.config import Limits, Sandbox, SandboxMode, Tier
+    from merlin_flow.config import Limits, Tier
     from merlin_flow.models.llm import Completion
+    from merlin_flow.tool_config import Sandbox, SandboxMode
     from merlin_flow.tools.toolbox import Toolbox
+    from merlin_flow.workspace.checkout import Checkout
 
     START = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # code loaded
     root = Path(sys.argv[1])
@@ -233,7 +237,7 @@ BIG_WRITE = textwrap.dedent(
     before = rss()
     result = run_agent(
         Tier(name="t", model="function/t"), StepBrief("s", "code", "d", "", "true"),
-        Toolbox(root, sandbox=Sandbox(mode=SandboxMode.NONE)), None, lambda *_: None,
+        Toolbox(Checkout.folder(root, Sandbox(mode=SandboxMode.NONE))), None, lambda *_: None,
         limits=Limits(max_turns=3), call_model=model, transcript=transcript,
     )
     del arguments
@@ -273,7 +277,7 @@ def test_a_write_over_the_limit_is_refused_before_the_file_is_touched(tmp_path: 
     content = "y" * (MAX_WRITE_BYTES + 1)
     tracemalloc.start()
     try:
-        reply = Toolbox(tmp_path, sandbox=NONE).call(
+        reply = Toolbox(Checkout.folder(tmp_path, NONE)).call(
             "write_file", {"path": "f.txt", "content": content}
         )
         _, peak = tracemalloc.get_traced_memory()
@@ -286,7 +290,7 @@ def test_a_write_over_the_limit_is_refused_before_the_file_is_touched(tmp_path: 
 
 
 def test_a_smaller_sandbox_file_limit_is_the_one_named(tmp_path: Path) -> None:
-    tools = Toolbox(tmp_path, sandbox=Sandbox(mode=SandboxMode.NONE, max_file_size_mb=1))
+    tools = Toolbox(Checkout.folder(tmp_path, Sandbox(mode=SandboxMode.NONE, max_file_size_mb=1)))
     reply = tools.call("write_file", {"path": "f.txt", "content": "z" * (2**20 + 1)})
     assert "[sandbox] max_file_size_mb" in reply
     (tmp_path / "g.txt").write_text("a" * 2**19)
@@ -390,7 +394,7 @@ def test_a_daemon_left_by_a_command_is_killed(tmp_path: Path, mode: SandboxMode)
 def test_a_daemon_left_by_the_run_command_tool_is_killed(tmp_path: Path, mode: SandboxMode) -> None:
     needs_bwrap(mode)
     mark, command = daemon_command()
-    tools = Toolbox(tmp_path, sandbox=Sandbox(mode=mode))
+    tools = Toolbox(Checkout.folder(tmp_path, Sandbox(mode=mode)))
     assert tools.call("run_command", {"command": command}) == "exit code: 0\nstarted\n"
     assert gone(mark), f"`setsid sleep {mark} &` outlived the tool call ({mode})"
     assert tools.call("run_command", {"command": "echo next"}) == "exit code: 0\nnext\n"
@@ -427,5 +431,5 @@ def test_a_huge_reply_is_bounded_before_the_journal_keeps_it() -> None:
     arguments = [c["function"]["arguments"] for c in message["tool_calls"]]
     assert arguments == [("{" + huge)[: MAX_ARGUMENT_CHARS + 1], "{}"]
     # ... which the tool refuses as it refuses the whole 20 MB.
-    answer = Toolbox(Path("."), sandbox=NONE).call("write_file", arguments[0])
+    answer = Toolbox(Checkout.folder(Path("."), NONE)).call("write_file", arguments[0])
     assert answer.startswith("error: arguments of write_file are")

@@ -8,7 +8,8 @@ from sqlalchemy import select
 
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.engine.attempt import execute_step
-from merlin_flow.engine.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.dispatch import Outcome
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings

@@ -1,16 +1,31 @@
-"""The shape of the code: no import cycle among merlin's modules, Celery only in workers/.
+"""The shape of the code, as docs/architecture.md draws it.
 
-Module-level imports only (an import inside a function runs late, on purpose). Read from
-the source with ``ast``, so the test sees every module whatever imports it first.
+The wings' order is written once, in the ``## Wings`` block of docs/architecture.md: a
+wing imports only itself and the wings below it. Every import is read with ``ast``
+wherever it stands (inside a function, under ``TYPE_CHECKING``), so a late import cannot
+hide an edge that points the wrong way.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from merlin_flow.failures import AttemptKind
+from merlin_flow.store.events import EventKind
+from merlin_flow.store.status import AttemptStatus, JobStatus, Phase, StepStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("merlin_flow", "workers")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+MOST_LINES = 400
+"""Past 400 lines a module holds more than one concept (CONTRIBUTING.md)."""
+MOST_TOP_LEVEL = 12
+"""Modules directly in ``merlin_flow/`` besides the wings (``__init__`` counted)."""
 
 
 def _module_name(path: Path) -> str:
@@ -29,55 +44,68 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _statements_run_at_import(body: list[ast.stmt]) -> list[ast.stmt]:
-    """The statements of ``body`` that run when the module loads (function bodies do not)."""
-    run: list[ast.stmt] = []
-    for node in body:
-        if isinstance(node, ast.If):
-            if "TYPE_CHECKING" not in ast.unparse(node.test):
-                run += _statements_run_at_import(node.body + node.orelse)
-        elif isinstance(node, ast.Try):
-            run += _statements_run_at_import(node.body + node.orelse + node.finalbody)
-        else:
-            run.append(node)
-    return run
+def _imports(path: Path, name: str) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Every import of ``path``, anywhere in it: the module, and the names taken from it.
 
-
-def _top_level_imports(path: Path, known: set[str]) -> set[str]:
-    """The known modules ``path`` imports when it is loaded."""
-    names: set[str] = set()
-    for node in _statements_run_at_import(ast.parse(path.read_text()).body):
+    Relative imports are resolved; ``import a.b`` takes no names from ``a.b``.
+    """
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            submodules = {f"{node.module}.{alias.name}" for alias in node.names} & known
-            names.update(submodules)  # `from package import module`: that module
-            if len(submodules) < len(node.names):
-                names.add(node.module)  # and any other name comes from the package
-    imported = set()
-    for name in names:
-        while name and name not in known:
-            name = name.rpartition(".")[0]
-        if name:
-            imported.add(name)
-    return imported
+            yield from ((alias.name, ()) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            yield base, tuple(alias.name for alias in node.names)
 
 
 def _graph() -> dict[str, set[str]]:
+    """Module -> the modules of merlin_flow and workers it imports.
+
+    ``from package import module`` imports that module (and the package's ``__init__``
+    only when another name comes from it).
+    """
     modules = _modules()
     known = set(modules)
-    graph = {}
+    graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        edges = _top_level_imports(path, known) - {name}
-        # A package's __init__ runs before any of its modules: importing one imports it.
-        for target in list(edges):
-            parent = target.rpartition(".")[0]
-            while parent:
-                if parent in known and parent != name and not name.startswith(parent + "."):
-                    edges.add(parent)
-                parent = parent.rpartition(".")[0]
+        targets: set[str] = set()
+        for module, names in _imports(path, name):
+            submodules = {f"{module}.{n}" for n in names} & known
+            targets |= submodules
+            if len(submodules) < len(names) or not names:
+                targets.add(module)
+        edges = set()
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
         graph[name] = edges
     return graph
+
+
+def _wing_order() -> list[tuple[str, str]]:
+    """The ``(wing, path)`` lines of the ``## Wings`` block, top wing first."""
+    text = ARCHITECTURE.read_text()
+    block = text.split("## Wings", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    return [tuple(line.split()[:2]) for line in block.strip().splitlines()]  # type: ignore[misc]
+
+
+def _wing_of(module: str, wings: list[tuple[str, str]]) -> str:
+    """The wing a module belongs to: its package's, or ``base`` for a top-level module."""
+    for wing, path in wings:
+        prefix = path.rstrip("/").replace("/", ".")
+        if not path.endswith(".py") and (module == prefix or module.startswith(prefix + ".")):
+            return wing
+    if module == "merlin_flow.__main__":  # `python -m merlin_flow`: the command line
+        return "cli"
+    if module.count(".") <= 1 and module.startswith("merlin_flow"):
+        return "base"
+    raise AssertionError(f"{module} is in no wing of docs/architecture.md")
 
 
 def _a_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -107,45 +135,145 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _a_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_module_imports_itself_back() -> None:
+def test_imports_inside_functions_are_read() -> None:
     graph = _graph()
-    assert (
-        "merlin_flow.engine.lifecycle" in graph["merlin_flow.engine.attempt"]
-    )  # the imports are read
-    cycle = _a_cycle(graph)
+    # merlin_flow.cli.following imports workers.canvas inside a function only.
+    assert "workers.canvas" in graph["merlin_flow.cli.following"]
+    assert "merlin_flow.engine.lifecycle" in graph["merlin_flow.engine.attempt"]
+
+
+def test_no_module_imports_itself_back() -> None:
+    cycle = _a_cycle(_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
-def test_the_engine_does_not_load_the_cli_or_celery() -> None:
-    graph = _graph()
-    for name, edges in graph.items():
-        entry_point = name.endswith("__main__")
-        if (
-            name.startswith("merlin_flow")
-            and not name.startswith("merlin_flow.cli")
-            and not entry_point
-        ):
-            assert not {e for e in edges if e.startswith(("merlin_flow.cli", "workers"))}, name
-    celery_users = {
-        name
-        for name, path in _modules().items()
-        if any(
-            line.startswith(("import celery", "from celery", "import kombu", "from kombu"))
-            for line in path.read_text().splitlines()
+def test_no_wing_imports_itself_back() -> None:
+    wings = _wing_order()
+    packages: dict[str, set[str]] = {}
+    for name, edges in _graph().items():
+        mine = _wing_of(name, wings)
+        packages.setdefault(mine, set()).update(
+            wing for wing in (_wing_of(e, wings) for e in edges) if wing != mine
         )
+    cycle = _a_cycle(packages)
+    assert cycle is None, "wings import each other: " + " -> ".join(cycle or [])
+
+
+def test_every_wing_imports_only_the_wings_below_it() -> None:
+    wings = _wing_order()
+    assert [w for w, _ in wings][-1] == "base"  # the block is read
+    assert len(wings) >= 10
+    rank = {wing: len(wings) - index for index, (wing, _) in enumerate(wings)}
+    wrong = sorted(
+        f"{name} ({mine}) imports {edge} ({theirs})"
+        for name, edges in _graph().items()
+        for edge in edges
+        if rank[(theirs := _wing_of(edge, wings))] > rank[(mine := _wing_of(name, wings))]
+    )
+    assert wrong == []
+
+
+def test_the_wing_block_names_every_package() -> None:
+    wings = {path.rstrip("/") for _, path in _wing_order()}
+    packages = {
+        str(path.parent.relative_to(ROOT))
+        for path in (ROOT / "merlin_flow").glob("*/__init__.py")
+        if path.parent.name != "_bundled"
     }
-    assert celery_users  # the check finds them
-    assert all(name.startswith("workers") for name in celery_users), celery_users
+    assert packages
+    assert packages | {"workers"} <= wings
 
 
-MOST_LINES = 460
-"""About 450 lines: past that, a module holds more than one thing (CONTRIBUTING.md)."""
+def _celery_imports(path: Path, name: str) -> set[str]:
+    return {
+        module for module, _ in _imports(path, name) if module.split(".")[0] in ("celery", "kombu")
+    }
+
+
+def test_celery_and_kombu_are_imported_only_in_workers() -> None:
+    users = {name for name, path in _modules().items() if _celery_imports(path, name)}
+    assert "workers.app" in users  # the check finds them
+    assert sorted(name for name in users if not name.startswith("workers")) == []
+
+
+def test_the_celery_check_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    source = tmp_path / "late.py"
+    source.write_text("def f():\n    if True:\n        from kombu.utils import json\n")
+    assert _celery_imports(source, "late") == {"kombu.utils"}
 
 
 def test_no_module_outgrows_one_concern() -> None:
     sizes = {name: len(path.read_text().splitlines()) for name, path in _modules().items()}
     assert max(sizes.values()) > 100  # the sizes are read
     assert {name: n for name, n in sizes.items() if n > MOST_LINES} == {}
+
+
+def test_the_top_level_holds_few_modules() -> None:
+    top = sorted(path.name for path in (ROOT / "merlin_flow").glob("*.py"))
+    assert "config.py" in top
+    assert len(top) <= MOST_TOP_LEVEL, top
+
+
+VOCABULARY = {
+    value: enum.__name__
+    for enum in (JobStatus, StepStatus, AttemptStatus, Phase, EventKind, AttemptKind)
+    for value in enum
+}
+"""Every status, phase, event kind and attempt kind, as the database holds them."""
+
+
+def _literals(path: Path) -> Iterator[tuple[int, str]]:
+    """The string constants of a module outside docstrings and enum classes."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+            ast.unparse(base).endswith("Enum") for base in node.bases
+        ):
+            skipped.update(id(inner) for inner in ast.walk(node))
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            for statement in body:
+                if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+                    skipped.add(id(statement.value))  # a docstring, or an attribute's
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in skipped
+        ):
+            yield node.lineno, node.value
+
+
+def test_statuses_and_event_kinds_are_written_with_their_enums() -> None:
+    found = sorted(
+        f"{path.relative_to(ROOT)}:{line}: {value!r} is a {VOCABULARY[value]}"
+        for path in _modules().values()
+        for line, value in _literals(path)
+        if value in VOCABULARY
+    )
+    assert found == []
+
+
+def test_the_literal_check_finds_a_bare_status(tmp_path: Path) -> None:
+    source = tmp_path / "bare.py"
+    source.write_text(
+        '"""A docstring that says failed."""\n'
+        "from enum import StrEnum\n"
+        "class Mine(StrEnum):\n    X = 'failed'\n"
+        "def f(job):\n    return job.status == 'failed' or job.kind == 'escalated'\n"
+    )
+    values = [value for _, value in _literals(source) if value in VOCABULARY]
+    assert values == ["failed", "escalated"]
+
+
+@pytest.mark.parametrize("wing", ["engine", "agents", "tools", "models", "planning"])
+def test_each_wing_has_its_tests_beside_the_others(wing: str) -> None:
+    tests = ROOT / "tests" / "unit" / wing
+    modules = {path.stem for path in (ROOT / "merlin_flow" / wing).glob("*.py")}
+    mirrored = {path.stem.removeprefix("test_") for path in tests.glob("test_*.py")}
+    assert mirrored, f"tests/unit/{wing}/ holds no test"
+    assert sorted(mirrored - modules) == [], "a test file named for no module of the wing"
 
 
 def test_contributing_lists_every_module() -> None:
@@ -155,3 +283,9 @@ def test_contributing_lists_every_module() -> None:
     missing = sorted(p for p in paths - packages if f"`{p}`" not in table)
     assert paths  # the modules are found
     assert missing == []
+
+
+def test_architecture_names_only_modules_that_exist() -> None:
+    named = set(re.findall(r"`((?:merlin_flow|workers)/[\w/]+\.py)`", ARCHITECTURE.read_text()))
+    assert named  # the page names modules
+    assert sorted(p for p in named if not (ROOT / p).is_file()) == []

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from sqlalchemy import select
 
+from merlin_flow.engine.finalize import fail_job
 from merlin_flow.engine.leases import claim
-from merlin_flow.engine.lifecycle import fail_job
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import ToolSourceError
-from merlin_flow.tool_config import McpServer
+from merlin_flow.tool_config import McpServer, Sandbox, SandboxMode
 from merlin_flow.tools.mcp import (
     McpTool,
     open_mcp_tools,

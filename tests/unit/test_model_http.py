@@ -17,8 +17,8 @@ import pytest
 
 from merlin_flow.agents.loop import StepBrief, run_agent
 from merlin_flow.config import DEFAULT_MAX_TOKENS, Limits, MerlinConfig, Tier
-from merlin_flow.engine.escalation import FailureKind
 from merlin_flow.errors import AgentError, ModelUnreachable
+from merlin_flow.failures import FailureKind
 from merlin_flow.models.diagnosis import examine, retry_after
 from merlin_flow.models.endpoints import NO_KEY, pin_endpoints
 from merlin_flow.models.llm import Completion, complete, litellm_module, outgoing

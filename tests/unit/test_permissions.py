@@ -13,9 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from merlin_flow.tool_config import PermissionRules
-from merlin_flow.tools.permissions import ASK_NOTE, Permissions, merge_rules, parse_rule
+from merlin_flow.tool_config import PermissionRules, merge_rules, parse_rule
+from merlin_flow.tools.permissions import ASK_NOTE, Permissions
 from merlin_flow.tools.shell_commands import MAX_DEPTH, split_command
+from merlin_flow.workspace.checkout import permission_masks
 
 
 def perms(root: Path | None = None, **lists: Any) -> Permissions:
@@ -448,20 +449,25 @@ def test_masks_are_the_fewest_existing_paths(tree: Path) -> None:
         ask=["Write(./docs/**)", "Read(./missing/**)"],
         allow=["Read(./src/**)"],
     )
-    masks = rules.masks(tree)
+    masks = permission_masks(rules.rules, tree)
     assert rel(tree, masks.hidden) == [".env", "secrets", "src/.env", "vault"]  # door -> vault
     assert rel(tree, masks.read_only) == ["docs", "pkg/Cargo.lock", "uv.lock"]
-    assert perms(deny=["Bash(rm:*)", "read_file(.env)", "Grep(*)"]).masks(tree).hidden == ()
+    assert (
+        permission_masks(
+            perms(deny=["Bash(rm:*)", "read_file(.env)", "Grep(*)"]).rules, tree
+        ).hidden
+        == ()
+    )
 
 
 def test_a_rule_covering_everything_masks_the_root(tree: Path) -> None:
-    masks = perms(deny=["Read"], ask=["Edit(./**)"]).masks(tree)
+    masks = permission_masks(perms(deny=["Read"], ask=["Edit(./**)"]).rules, tree)
     assert masks.hidden == (tree.resolve(),)
     assert masks.read_only == (tree.resolve(),)
 
 
 def test_masks_skip_git(tree: Path) -> None:
-    assert rel(tree, perms(deny=["Read(.git)"]).masks(tree).hidden) == []
+    assert rel(tree, permission_masks(perms(deny=["Read(.git)"]).rules, tree).hidden) == []
 
 
 def test_denied_writes() -> None:
@@ -490,6 +496,6 @@ def test_merge_rules_keeps_every_rule_and_the_stricter_default() -> None:
 
 
 def test_masks_do_not_follow_symlinks_out_of_the_worktree(tree: Path) -> None:
-    masks = perms(deny=["Read(out)"]).masks(tree)
+    masks = permission_masks(perms(deny=["Read(out)"]).rules, tree)
     assert masks.hidden == ()
     assert os.path.isdir(tree / "out")  # the link is still there, pointing at /etc

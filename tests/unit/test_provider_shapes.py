@@ -17,8 +17,8 @@ import pytest
 
 from merlin_flow.agents.loop import StepBrief, run_agent
 from merlin_flow.config import Limits, Tier
-from merlin_flow.engine.escalation import FailureKind
 from merlin_flow.errors import AgentError, ModelRefused, ModelUnreachable
+from merlin_flow.failures import FailureKind
 from merlin_flow.models.diagnosis import examine
 from merlin_flow.models.llm import Completion, complete, litellm_module
 from merlin_flow.tools.toolbox import Toolbox

@@ -346,7 +346,7 @@ def test_a_job_the_engine_ran_keeps_its_product_and_loses_its_attempt_refs(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
     from merlin_flow.engine.attempt import execute_step
-    from merlin_flow.engine.lifecycle import finalize_job
+    from merlin_flow.engine.finalize import finalize_job
     from merlin_flow.engine.verdict import verify_step
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)

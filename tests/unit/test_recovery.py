@@ -15,11 +15,11 @@ from typing import Any
 from sqlalchemy import select, update
 
 from merlin_flow.engine.leases import HOST, QUEUED
-from merlin_flow.engine.lifecycle import fail_job_in_session
+from merlin_flow.engine.lifecycle import end_job
 from merlin_flow.engine.recovery import MESSAGE_LOST, grace, sweep
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Event, Step, WorkerBeat, utcnow
+from merlin_flow.store import Database, Event, JobStatus, Step, WorkerBeat, utcnow
 from tests.conftest import make_repo
 from tests.unit.scripted_jobs import scripted_job
 
@@ -29,7 +29,7 @@ def test_sweep_closes_a_failed_job_that_was_never_finalized(
 ) -> None:
     job_id = scripted_job(db, settings, py_repo, tmp_path, steps=2)
     with db.session() as session:  # the worker died between failing the job and closing it
-        fail_job_in_session(session, job_id, None, "died")
+        end_job(session, job_id, None, "died", JobStatus.FAILED)
     assert job_view(db, job_id)["finished_at"] is None
     assert sweep(db, settings, lambda *_: None) == []
     view = job_view(db, job_id)
@@ -43,7 +43,7 @@ def test_one_broken_job_does_not_stop_the_sweep(
     gone = make_repo(tmp_path / "gone", {"pyproject.toml": "", "app.py": "x = 1\n"})
     broken = scripted_job(db, settings, gone, tmp_path)
     with db.session() as session:
-        fail_job_in_session(session, broken, None, "died")
+        end_job(session, broken, None, "died", JobStatus.FAILED)
     shutil.rmtree(gone)  # finalizing it now fails: its repository is gone
     healthy = scripted_job(db, settings, py_repo, tmp_path)
     with db.session() as session:

@@ -9,7 +9,7 @@ import pytest
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.engine.attempt import execute_step
-from merlin_flow.engine.lifecycle import finalize_job
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.reports import junit_xml, write_atomically
 from merlin_flow.jobs.submission import create_job

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.config import Sandbox, SandboxMode
 from merlin_flow.errors import SandboxUnavailable
-from merlin_flow.tool_config import PermissionRules
-from merlin_flow.tools.permissions import Permissions
+from merlin_flow.tool_config import PermissionRules, Sandbox, SandboxMode
 from merlin_flow.workspace import sandbox as sandbox_module
+from merlin_flow.workspace.checkout import permission_masks
 from merlin_flow.workspace.sandbox import (
     ENV_DIR,
     WORKSPACE,
@@ -303,8 +302,8 @@ def masked_tree(box: Confinement) -> Confinement:
     (root / "door").symlink_to("secrets")  # a way round, inside the worktree
     (root / "alias").symlink_to("secrets/key")
     (root / "absolute").symlink_to(root / "secrets" / "key")
-    rules = Permissions(PermissionRules(deny=["Read(./secrets/**)", "Read(.env)", "Edit(*.lock)"]))
-    return box.masked(rules.masks(root))
+    rules = PermissionRules(deny=["Read(./secrets/**)", "Read(.env)", "Edit(*.lock)"])
+    return box.masked(permission_masks(rules, root))
 
 
 def test_hidden_paths_cannot_be_read_by_commands(masked_tree: Confinement) -> None:

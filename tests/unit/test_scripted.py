@@ -12,8 +12,9 @@ import yaml
 
 from merlin_flow.config import Tier
 from merlin_flow.errors import ConfigError
-from merlin_flow.models.scripted import Script, load_script
+from merlin_flow.models.scripted import reply_for
 from merlin_flow.models.tokens import conversation_text, count_tokens
+from merlin_flow.scripts import Script, load_script
 
 
 def script(*rules: dict[str, Any]) -> Script:
@@ -33,7 +34,7 @@ def assistant(text: str | None = None, **extra: Any) -> dict[str, Any]:
 
 
 def content_of(s: Script, messages: list[dict[str, Any]]) -> str | None:
-    found = s.reply_for(messages)
+    found = reply_for(s, messages)
     return None if found is None else found.content
 
 
@@ -99,8 +100,8 @@ def test_turn_counts_assistant_messages() -> None:
 
 
 def test_no_rule_fits_gives_none() -> None:
-    assert script().reply_for([user("x")]) is None
-    assert script({"match": "^zzz$", **reply("z")}).reply_for([user("x")]) is None
+    assert reply_for(script(), [user("x")]) is None
+    assert reply_for(script({"match": "^zzz$", **reply("z")}), [user("x")]) is None
 
 
 def test_reply_for_is_pure() -> None:
@@ -124,7 +125,7 @@ def test_load_script_valid(tmp_path: Path) -> None:
         "          arguments: {path: calc.py, content: x}\n"
     )
     loaded = load_script(path)
-    found = loaded.reply_for([user("divide")])
+    found = reply_for(loaded, [user("divide")])
     assert found is not None
     assert found.tool_calls[0].name == "write_file"
     assert json.loads(found.tool_calls[0].arguments_json()) == {"path": "calc.py", "content": "x"}

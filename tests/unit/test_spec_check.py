@@ -10,7 +10,8 @@ from sqlalchemy import select
 
 from merlin_flow.config import MerlinConfig, Specs, Tier
 from merlin_flow.engine.attempt import execute_step
-from merlin_flow.engine.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.dispatch import Outcome
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.spec_review import SPEC_CHECK_TURN
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.submission import create_job
@@ -279,7 +280,7 @@ def test_off_checks_nothing(db: Database, settings: Settings, tmp_path: Path) ->
 def test_a_replay_takes_the_spec_checks_answers_from_its_original(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
-    from merlin_flow.engine.lifecycle import finalize_job
+    from merlin_flow.engine.finalize import finalize_job
     from merlin_flow.jobs.replay import create_replay
 
     job_id = _job(db, settings, tmp_path, Specs(check="enforce", check_tier="checker"))

@@ -14,8 +14,9 @@ from sqlalchemy import select
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.engine.attempt import execute_step
+from merlin_flow.engine.dispatch import Dispatch, Outcome
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.graph import dependencies, dependents, is_complete, is_finished, runnable
-from merlin_flow.engine.lifecycle import Dispatch, Outcome, finalize_job
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.jobs.views import job_view

@@ -95,7 +95,7 @@ def test_without_a_sandbox_the_rules_that_cannot_reach_commands_are_recorded(
     tmp_path: Path,
 ) -> None:
     from merlin_flow.agents.step_tools import permission_events
-    from merlin_flow.config import Sandbox, SandboxMode
+    from merlin_flow.tool_config import Sandbox, SandboxMode
 
     repo = make_repo(tmp_path / "repo", {"secrets/key": "k\n", "app.py": "x = 1\n"})
     config = load_config(repo).model_copy(

@@ -9,7 +9,7 @@ import pytest
 from celery.canvas import _chain
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.engine.lifecycle import Outcome, PlannedTask, TaskName, remaining_tasks
+from merlin_flow.engine.dispatch import Outcome, PlannedTask, TaskName, remaining_tasks
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database

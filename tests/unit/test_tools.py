@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.config import Sandbox
+from merlin_flow.tool_config import Sandbox
 from merlin_flow.tools.toolbox import MAX_READ_CHARS, READ_ONLY_TOOLS, TOOL_SCHEMAS, Toolbox
+from merlin_flow.workspace.checkout import Checkout
 from tests.conftest import make_repo
 
 SECRET = "TOP SECRET\n"
@@ -748,7 +749,7 @@ DUPLICATES: dict[str, list[Step]] = {
 
 @pytest.mark.parametrize("steps", list(DUPLICATES.values()), ids=list(DUPLICATES))
 def test_duplicate_calls(world: World, steps: list[Step]) -> None:
-    box = Toolbox(world.root, command_timeout=10, sandbox=Sandbox(mode="none"))
+    box = Toolbox(Checkout.folder(world.root, Sandbox(mode="none")), command_timeout=10)
     mtime = (world.root / "a.txt").stat().st_mtime_ns
     for turn, tool, arguments, expected in steps:
         reply = box.call(tool, arguments, turn=turn)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from merlin_flow.engine.attempt import execute_step
-from merlin_flow.engine.lifecycle import Outcome, finalize_job
+from merlin_flow.engine.dispatch import Outcome
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings

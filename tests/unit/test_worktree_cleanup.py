@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import event
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.engine.lifecycle import finalize_job
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.errors import GitError
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings

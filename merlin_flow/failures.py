@@ -1,6 +1,7 @@
-"""What a failure leads to: the one retry decision, and the feedback attempts are given.
+"""The failure taxonomy and the one retry decision: what a failure leads to.
 
-Failures come in four kinds (``merlin_flow.models.diagnosis.examine`` reads a model call's):
+Failures come in four kinds (``merlin_flow.models.diagnosis.examine`` reads a model
+call's):
 
 - transient (rate limit, timeout, dropped connection, a 5xx that did not recur): the
   same model call is retried on the same tier after 0.5 s, 1 s, 2 s... up to
@@ -14,7 +15,10 @@ Failures come in four kinds (``merlin_flow.models.diagnosis.examine`` reads a mo
   naming what is missing;
 - budget: neither; the job stops.
 
-``decide`` is the only function that turns a failure into an action.
+``decide`` is the only function that turns a failure into an action. It is policy
+below the agent (a failed call inside an attempt) and the engine (a failed attempt):
+both ask it, neither decides for itself. What a fix or an escalation is told about the
+failures before it is the engine's (``merlin_flow.engine.feedback``).
 """
 
 from __future__ import annotations
@@ -22,26 +26,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from merlin_flow.config import Limits
-from merlin_flow.store.status import AttemptStatus
-
-if TYPE_CHECKING:
-    from merlin_flow.store import Attempt
-
-FEEDBACK_CHARS = 6000
-OLDER_ATTEMPT_CHARS = 800
-
-MODEL_UNREACHABLE = "model unreachable: "
-"""How the error of an attempt that could not use its model starts (see ``failure_of``)."""
-
-
-INTEGRATE_GUIDANCE = (
-    "\nSteps of this job that ran beside this one passed first and moved the job branch. "
-    "The working tree is now the branch's head, with their work in it: make this step's "
-    "change again on this tree, keeping their work."
-)
 
 
 class AttemptKind(StrEnum):
@@ -149,48 +136,3 @@ def decide(
     if next_tier is not None:
         return Decision(Action.ESCALATE, next_tier, failure.reason)
     return Decision(Action.FAIL_STEP, tier_index, failure.reason)
-
-
-def failure_of(attempt: Attempt) -> Failure:
-    """The failure a failed attempt stands for: an unusable model, or a capability one."""
-    reason = failure_reason(attempt)
-    if (attempt.error or "").startswith(MODEL_UNREACHABLE):
-        return Failure(FailureKind.ACCESS, reason)
-    return Failure(FailureKind.CAPABILITY, reason)
-
-
-def failure_reason(attempt: Attempt) -> str:
-    """A one-line reason for a failed attempt."""
-    if attempt.error:
-        return attempt.error
-    return f"exit command failed with exit code {attempt.exit_code}"
-
-
-def _describe(attempt: Attempt, chars: int) -> str:
-    head = (
-        f"Attempt {attempt.number} ({attempt.kind} on tier {attempt.tier}): "
-        f"{failure_reason(attempt)}"
-    )
-    output = (attempt.output_tail or "").strip()
-    if output:
-        head += f"\nOutput (tail):\n{output[-chars:]}"
-    return head
-
-
-def feedback_for(kind: AttemptKind, attempts: list[Attempt]) -> str | None:
-    """The text an attempt of ``kind`` is given about the attempts before it."""
-    failed = [a for a in attempts if a.status in (AttemptStatus.FAILED, AttemptStatus.ERROR)]
-    if kind is AttemptKind.EXECUTE or not failed:
-        return None
-    if kind is AttemptKind.FIX:
-        text = _describe(failed[-1], FEEDBACK_CHARS)
-        return text + "\nYour earlier changes are in the working tree: repair them."
-    if kind is AttemptKind.INTEGRATE:
-        return _describe(failed[-1], FEEDBACK_CHARS) + INTEGRATE_GUIDANCE
-    parts = [_describe(a, OLDER_ATTEMPT_CHARS) for a in failed[:-1]]
-    parts.append(_describe(failed[-1], FEEDBACK_CHARS))
-    text = "\n\n".join(parts)
-    return (
-        text[-FEEDBACK_CHARS * 2 :]
-        + "\nThe working tree is back at the step's starting point: solve the step afresh."
-    )

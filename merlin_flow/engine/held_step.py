@@ -1,0 +1,102 @@
+"""A step this worker holds: its lease claimed and renewed while a task works on it.
+
+The step task (``merlin_flow.engine.attempt``) and the verify task
+(``merlin_flow.engine.verdict``) both start from a ``HeldStep``: ``work`` claims the
+step's lease for the task's phase, renews it from a heartbeat thread while the work runs,
+and turns the faults that are not the step's own into the job's end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from merlin_flow.config import MerlinConfig
+from merlin_flow.engine.dispatch import Outcome
+from merlin_flow.engine.finalize import fail_job
+from merlin_flow.engine.leases import Heartbeat, claim, release_step, token_tag
+from merlin_flow.errors import LeaseLost, SandboxUnavailable, SetupFailed
+from merlin_flow.settings import Settings
+from merlin_flow.store import Database, Phase
+from merlin_flow.store.events import EventKind, add_event
+from merlin_flow.workspace.checkout import Checkout, open_checkout
+from merlin_flow.workspace.environment import BuiltEnvironment
+from merlin_flow.workspace.repository import JobRepository
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HeldStep:
+    """A step this worker holds the lease of (``token``), with what its work needs."""
+
+    db: Database
+    settings: Settings
+    job_id: str
+    step_key: str
+    step_id: int
+    token: str
+    config: MerlinConfig
+
+    def worktree(self, name: str) -> Path:
+        """A worktree folder of this job, apart from any other worker's.
+
+        The token keeps apart the worktrees of a worker that lost its lease and of the
+        worker that took the step over: neither can delete the other's.
+        """
+        return self.settings.worktrees_dir / self.job_id / f"{name}-{token_tag(self.token)}"
+
+    def work(self, phase: Phase, work: Callable[[Heartbeat], Outcome]) -> Outcome:
+        """Claim the step for ``phase`` and ``work`` it while the lease is renewed.
+
+        A lost lease stops the work (another worker has the step). A fault of the
+        project's environment or of this machine, not of the step, fails the job once,
+        with the reason, instead of every attempt failing the same way.
+        """
+        lease = self.config.limits.lease_seconds
+        if not claim(self.db, self.step_id, phase, self.token, lease):
+            return Outcome.STOP
+        try:
+            with Heartbeat(self.db, self.step_id, self.token, lease) as heartbeat:
+                return work(heartbeat)
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+            return Outcome.STOP
+        except (SetupFailed, SandboxUnavailable) as exc:
+            fail_job(self.db, self.settings, self.job_id, self.step_key, self.token, str(exc))
+            return Outcome.STOP
+
+    def release(self) -> None:
+        """End the step's work in a transaction of its own (see ``leases.release_step``)."""
+        with self.db.session() as session:
+            release_step(session, self.step_id, self.token)
+
+    @contextmanager
+    def checkout(self, repository: JobRepository, commit: str, name: str) -> Iterator[Checkout]:
+        """A checkout of ``commit`` in a worktree of this step's (``worktree(name)``).
+
+        An environment built for it is recorded in the job's history.
+        """
+        with open_checkout(
+            self.settings,
+            self.config,
+            repository,
+            commit,
+            self.worktree(name),
+            self._environment_built,
+        ) as checkout:
+            yield checkout
+
+    def _environment_built(self, environment: BuiltEnvironment) -> None:
+        with self.db.session() as session:
+            add_event(
+                session,
+                self.job_id,
+                EventKind.ENVIRONMENT_BUILT,
+                f"environment {environment.path.name} built in {environment.seconds:.1f} s",
+                self.step_key,
+                {"path": str(environment.path)},
+            )
