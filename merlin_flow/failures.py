@@ -26,9 +26,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from merlin_flow.config import Limits
+if TYPE_CHECKING:
+    from merlin_flow.config import Limits
 
 
 class AttemptKind(StrEnum):

@@ -137,18 +137,20 @@ def show_plan(db: Database, job_id: str) -> None:
 
 def describe_request(db: Database, view: JobView) -> None:
     """`merlin status` of a request's job: the request, its plan or answer, the approval."""
+    from merlin_flow.store.status import JobStatus
+
     plan = view["plan"] or {}
     console.print(f"job {view['id']} ({view['status']}): {view['request']}", markup=False)
     if plan.get("kind") == "question":
         console.print("a question, answered read-only (no branch, no commit):")
         console.print(view["answer"] or f"no answer: {view['error']}", markup=False)
         return
-    if view["status"] == "planning":
+    if view["status"] == JobStatus.PLANNING:
         console.print(f"being planned (`merlin resume {view['id']}` plans it again if cut off)")
         return
     if plan.get("fallback"):
         console.print("[yellow]FALLBACK plan[/]: " + escape("; ".join(plan.get("problems", []))))
-    if view["status"] == "awaiting_approval":
+    if view["status"] == JobStatus.AWAITING_APPROVAL:
         show_plan(db, view["id"])
         console.print(
             f"awaiting approval: `merlin approve {view['id']}` or `merlin reject {view['id']}`"
@@ -232,6 +234,7 @@ def approve(
             warn_if_no_worker,
         )
         from merlin_flow.jobs.requesting import approve_job
+        from merlin_flow.store.status import JobStatus
 
         settings, db = state()
         approve_job(db, settings, job_id)
@@ -239,7 +242,7 @@ def approve(
         if not as_json:
             console.print(f"job {job_id} approved")
         elif not wait:
-            console.print_json(json.dumps({"job_id": job_id, "status": "pending"}))
+            console.print_json(json.dumps({"job_id": job_id, "status": JobStatus.PENDING}))
         if wait:
             with stop_waiting_on_interrupt(job_id):
                 finish(db, job_id, as_json)

@@ -258,7 +258,7 @@ def follow_logs(db: Database, job_id: str, step_key: str | None, poll: float = 0
     """Print each attempt's conversation as it grows, until the job ends."""
     import time
 
-    from merlin_flow.cli.render import attempt_footer, attempt_header, message_lines
+    from merlin_flow.cli.transcripts import attempt_footer, attempt_header, message_lines
     from merlin_flow.jobs.views import job_logs, job_view
     from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES
 

@@ -78,10 +78,11 @@ def watch(job_id: JobArg) -> None:
 
     def work() -> None:
         from merlin_flow.jobs.views import job_status
+        from merlin_flow.store.status import JobStatus
 
         _, db = state()
         status = job_status(db, job_id)  # an unknown job: an input error, nothing drawn
-        if status in ("awaiting_approval", "planning"):
+        if status in (JobStatus.AWAITING_APPROVAL, JobStatus.PLANNING):
             raise InputError(
                 f"job {job_id} is {status}: nothing runs until its plan is approved "
                 f"(`merlin status {job_id}` shows it, `merlin approve {job_id}` starts it)"
@@ -106,7 +107,7 @@ def logs(
     """The agent transcript and exit command output of every attempt of a job."""
 
     def work() -> None:
-        from merlin_flow.cli.render import attempt_log
+        from merlin_flow.cli.transcripts import attempt_log
         from merlin_flow.jobs.views import job_logs
 
         _, db = state()
@@ -139,7 +140,7 @@ def costs(
     """Calls, tokens and cost of a job (per step, tier, attempt), or totals since a time."""
 
     def work() -> None:
-        from merlin_flow.cli.render import costs_since_table, job_costs_tables
+        from merlin_flow.cli.cost_tables import costs_since_table, job_costs_tables
         from merlin_flow.jobs.costs import CostsSince, JobCosts, costs_since, job_costs, parse_since
 
         if (job_id is None) == (since is None):

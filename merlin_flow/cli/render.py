@@ -1,29 +1,31 @@
-"""Rich rendering for the CLI: the steps table, job lists, and live progress."""
+"""Rich rendering for the CLI: the steps table, job lists, and live progress.
+
+What jobs cost is drawn by ``merlin_flow.cli.cost_tables``, an attempt's log by
+``merlin_flow.cli.transcripts``.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from merlin_flow.cli.cost_tables import money
 from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES, AttemptStatus, JobStatus, StepStatus
 
 if TYPE_CHECKING:
-    from merlin_flow.jobs.costs import CostsSince, JobCosts
-    from merlin_flow.jobs.replay import ReplayReport
     from merlin_flow.jobs.views import (
         AttemptView,
         EventView,
         JobListEntry,
         JobView,
-        LogEntry,
         StepView,
     )
 
@@ -64,7 +66,6 @@ STATUS_ICON: dict[str, str] = {
 RECENT_EVENTS = 6
 FAILURE_LINES = 8
 """Lines of a failed exit command's output shown under the steps table."""
-LOG_TOOL_LINES = 20
 ATTEMPT_STYLE: dict[str, str] = {
     AttemptStatus.PASSED: "green",
     AttemptStatus.FAILED: "red",
@@ -108,7 +109,7 @@ def steps_lines(view: JobView, stalled: bool = False) -> Text:
     lines = [f"job {view['id']} · {view['title']} · {view['status']} · {money(view)}"]
     for step in view["steps"]:
         attempts = _attempts_cell(step["attempts"], stalled).plain or "no attempt yet"
-        if not step["attempts"] and step["status"] == "Skipped":
+        if not step["attempts"] and step["status"] == StepStatus.SKIPPED:
             attempts = step["result"] or "skipped"
         needs = f"needs {_needs(step).plain} · " if step.get("depends_on") else ""
         agent = f"agent {agent_label(step)} · " if step.get("agent") else ""
@@ -165,7 +166,7 @@ def _steps_table(view: JobView, stalled: bool = False) -> Table:
     for step in view["steps"]:
         icon = STATUS_ICON.get(step["status"], "?")
         attempts = _attempts_cell(step["attempts"], stalled)
-        if not step["attempts"] and step["status"] == "Skipped":
+        if not step["attempts"] and step["status"] == StepStatus.SKIPPED:
             attempts = Text(step["result"] or "skipped", style="dim")
         table.add_row(
             step["id"],
@@ -283,162 +284,3 @@ def _event_line(event: EventView) -> str:
 
 def _events_text(events: list[EventView]) -> Text:
     return Text("\n".join(_event_line(e) for e in events), style="dim")
-
-
-COST_COLUMNS = ("calls", "replayed", "cached", "failed", "tokens in", "tokens out", "cost")
-
-
-def _cost_cells(row: Mapping[str, Any]) -> list[str]:
-    return [
-        str(row["calls"]),
-        str(row["replayed_calls"]),
-        str(row["cached_calls"]),
-        str(row["failed_calls"]),
-        str(row["prompt_tokens"]),
-        str(row["completion_tokens"]),
-        money(row),
-    ]
-
-
-def money(row: Mapping[str, Any]) -> str:
-    """A row's cost: `$0.0123`, `unknown`, or `≥$0.0123 (+2 unpriced calls)`.
-
-    `unknown` when no call was priced, the `≥` form when some were not
-    (``merlin_flow.jobs.costs`` gives every row ``known_cost_usd`` and ``unpriced_calls``).
-    """
-    unpriced = row.get("unpriced_calls", 0)
-    known = row.get("known_cost_usd", row.get("cost_usd")) or 0.0
-    if not unpriced:
-        return f"${known:.4f}"
-    if not known:
-        return "unknown"
-    return f"≥${known:.4f} (+{unpriced} unpriced call{'s' if unpriced > 1 else ''})"
-
-
-def job_costs_tables(report: JobCosts) -> list[Table]:
-    """`merlin costs JOB`: one row per attempt, then per tier, then the escalations."""
-    budget = report["budget_usd"]
-    title = f"costs of job {report['job_id']} · total {money(report['total'])}"
-    if budget is not None:
-        title += f" of a ${budget:.4f} budget"
-    attempts = Table(title=title, title_justify="left")
-    for column in ("step", "attempt", "kind", "tier", *COST_COLUMNS):
-        attempts.add_column(column)
-    for step in report["steps"]:
-        for attempt in step["attempts"]:
-            attempts.add_row(
-                step["id"],
-                str(attempt["number"]),
-                attempt["kind"],
-                attempt["tier"],
-                *_cost_cells(attempt),
-            )
-    attempts.add_row("total", "", "", "", *_cost_cells(report["total"]), style="bold")
-    tiers = Table(title="per tier", title_justify="left")
-    for column in ("tier", *COST_COLUMNS):
-        tiers.add_column(column)
-    for row in report["tiers"]:
-        tiers.add_row(row["tier"], *_cost_cells(row))
-    tables = [attempts, tiers]
-    if report["escalations"]:
-        escalations = Table(title="escalations", title_justify="left")
-        for column in ("step", "from", "to", "reason"):
-            escalations.add_column(column, overflow="fold")
-        for item in report["escalations"]:
-            escalations.add_row(
-                item["step"] or "", item["from_tier"] or "", item["to_tier"] or "",
-                Text(item["reason"] or ""),
-            )  # fmt: skip
-        tables.append(escalations)
-    return tables
-
-
-def costs_since_table(report: CostsSince) -> Table:
-    """`merlin costs --since`: totals across jobs, per tier."""
-    title = (
-        f"{report['jobs']} jobs since {report['since']} · {money(report['total'])} · "
-        f"{report['escalations']} escalations"
-    )
-    table = Table(title=title, title_justify="left")
-    for column in ("tier", *COST_COLUMNS):
-        table.add_column(column)
-    for row in report["tiers"]:
-        table.add_row(row["tier"], *_cost_cells(row))
-    table.add_row("total", *_cost_cells(report["total"]), style="bold")
-    return table
-
-
-def replay_table(report: ReplayReport) -> Table:
-    """`merlin replay`: each step's attempts and final commit, original beside replay."""
-    table = Table(
-        title=f"job {report.original} ({report.original_status}) replayed as "
-        f"{report.replay} ({report.replay_status})",
-        title_justify="left",
-    )
-    for column in ("step", "original attempts", "replay attempts", "original", "replay", "tree"):
-        table.add_column(column)
-    for step in report.steps:
-        table.add_row(
-            step.step,
-            step.original_path,
-            step.replay_path,
-            (step.original_commit or "-")[:10],
-            (step.replay_commit or "-")[:10],
-            Text("same ✓", style="green") if step.same_tree else Text("differs ✗", style="red"),
-        )
-    return table
-
-
-def attempt_log(entry: LogEntry) -> Group:
-    """`merlin logs`: one attempt's conversation, then its exit command's output."""
-    parts: list[Any] = [attempt_header(entry)]
-    for message in entry["transcript"]:
-        parts.extend(message_lines(message))
-    parts.extend(attempt_footer(entry))
-    return Group(*parts)
-
-
-def attempt_header(entry: LogEntry) -> Text:
-    """``── step fix · attempt 2 · fix@local · failed, exit code 1``."""
-    code = "" if entry["exit_code"] is None else f", exit code {entry['exit_code']}"
-    return Text(
-        f"── step {entry['step']} · attempt {entry['number']} · {entry['kind']}@{entry['tier']}"
-        f" · {entry['status']}{code}",
-        style=f"bold {ATTEMPT_STYLE.get(entry['status'], '')}".strip(),
-    )
-
-
-def message_lines(message: dict[str, Any]) -> list[Text]:
-    """One message of a conversation: the user's brief, a reply and its tool calls, a result."""
-    role = message.get("role")
-    content = (message.get("content") or "").rstrip()
-    if role == "user":
-        return [Text(f"user: {content}", style="cyan")]
-    if role == "tool":
-        return [Text(f"← {_clip(content, LOG_TOOL_LINES)}", style="dim")]
-    if role != "assistant":
-        return []
-    lines = [Text(f"assistant: {content}")] if content else []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function", {})
-        arguments = str(function.get("arguments", ""))
-        lines.append(Text(f"→ {function.get('name')} {arguments[:300]}", style="yellow"))
-    return lines
-
-
-def attempt_footer(entry: LogEntry) -> list[Text]:
-    """The attempt's error, and its exit command with the output's tail."""
-    lines = []
-    if entry["error"]:
-        lines.append(Text(f"error: {entry['error']}", style="red"))
-    if entry["exit_code"] is not None:
-        lines.append(Text(f"$ {entry['exit_command']}  (exit code {entry['exit_code']})"))
-        lines.append(Text((entry["output_tail"] or "").rstrip(), style="dim"))
-    return lines
-
-
-def _clip(text: str, lines: int) -> str:
-    kept = text.splitlines()
-    if len(kept) <= lines:
-        return text
-    return "\n".join([*kept[:lines], f"[... {len(kept) - lines} more lines]"])

@@ -236,7 +236,9 @@ def _plan_again(db: Database, settings: Settings, job_id: str, as_json: bool) ->
 def _print_waiting(job_id: str, as_json: bool) -> None:
     """A submitted plan waits for approval: say so, with the commands that decide."""
     if as_json:
-        console.print_json(json.dumps({"job_id": job_id, "status": "awaiting_approval"}))
+        from merlin_flow.store.status import JobStatus
+
+        console.print_json(json.dumps({"job_id": job_id, "status": JobStatus.AWAITING_APPROVAL}))
         return
     console.print(job_id)
     err_console.print(
@@ -316,7 +318,7 @@ def replay(
     """
 
     def work() -> None:
-        from merlin_flow.cli.render import replay_table
+        from merlin_flow.cli.cost_tables import replay_table
         from merlin_flow.jobs.replay import compare, create_replay
 
         settings, db = state()

@@ -32,17 +32,9 @@ from merlin_flow.engine.budget import job_guard
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.feedback import feedback_for
 from merlin_flow.engine.finalize import finalize_job
-from merlin_flow.engine.held_step import HeldStep
+from merlin_flow.engine.held_step import HeldStep, job_has_ended, load_step, lock_job
 from merlin_flow.engine.leases import Heartbeat, hand_off, release_step, settle
-from merlin_flow.engine.lifecycle import (
-    end_attempt,
-    job_has_ended,
-    load_step,
-    lock_job,
-    start_job,
-    start_step,
-    stop_for_budget,
-)
+from merlin_flow.engine.lifecycle import end_attempt, start_job, start_step, stop_for_budget
 from merlin_flow.errors import (
     AgentError,
     BudgetExceeded,

@@ -3,7 +3,8 @@
 The step task (``merlin_flow.engine.attempt``) and the verify task
 (``merlin_flow.engine.verdict``) both start from a ``HeldStep``: ``work`` claims the
 step's lease for the task's phase, renews it from a heartbeat thread while the work runs,
-and turns the faults that are not the step's own into the job's end.
+and turns the faults that are not the step's own into the job's end. The rows they start
+from are read with ``load_step``, and locked with ``lock_job``.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.finalize import fail_job
 from merlin_flow.engine.leases import Heartbeat, claim, release_step, token_tag
 from merlin_flow.errors import LeaseLost, SandboxUnavailable, SetupFailed
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Phase
+from merlin_flow.store import FINAL_JOB_STATUSES, Database, Job, Phase, Step
 from merlin_flow.store.events import EventKind, add_event
 from merlin_flow.workspace.checkout import Checkout, open_checkout
 from merlin_flow.workspace.environment import BuiltEnvironment
@@ -100,3 +104,27 @@ class HeldStep:
                 self.step_key,
                 {"path": str(environment.path)},
             )
+
+
+def load_step(session: Session, job_id: str, step_key: str) -> tuple[Job | None, Step | None]:
+    """The job and its step ``step_key``; None for either that does not exist."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return None, None
+    step = session.scalars(select(Step).where(Step.job_id == job_id, Step.key == step_key)).first()
+    return job, step
+
+
+def lock_job(session: Session, job_id: str) -> Job:
+    """The job's row, locked for this transaction (on Postgres; SQLite serializes writers).
+
+    Taken before any step row, as ``cancel_job`` does, so that two transactions never
+    wait on each other in opposite orders.
+    """
+    return session.get_one(Job, job_id, with_for_update=True)
+
+
+def job_has_ended(db: Database, job_id: str) -> bool:
+    """True once the job has a final status (cancelled while its step was running...)."""
+    with db.reader() as session:
+        return session.scalar(select(Job.status).where(Job.id == job_id)) in FINAL_JOB_STATUSES

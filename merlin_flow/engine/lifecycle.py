@@ -11,8 +11,9 @@ plan, approve, cancel, resume) all change states here. Rows are created in their
 state where they are made (a job ``pending`` or ``planning``, a step ``Pending``, an
 attempt ``running``).
 
-The transitions run under the job's row lock (``lock_job``) where two tasks of one job
-could race; the lease-held writes that go with them are in ``merlin_flow.engine.leases``.
+The transitions run under the job's row lock (``held_step.lock_job``) where two tasks of
+one job could race; the lease-held writes that go with them are in
+``merlin_flow.engine.leases``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from merlin_flow.store import (
     RESUMABLE_JOB_STATUSES,
     Attempt,
     AttemptStatus,
-    Database,
     Job,
     JobStatus,
     Phase,
@@ -61,30 +61,6 @@ def _expect(what: str, status: str, allowed: Iterable[str]) -> None:
         raise TransitionRefused(
             f"{what} applies to {' or '.join(sorted(allowed))}, not to {status}"
         )
-
-
-def load_step(session: Session, job_id: str, step_key: str) -> tuple[Job | None, Step | None]:
-    """The job and its step ``step_key``; None for either that does not exist."""
-    job = session.get(Job, job_id)
-    if job is None:
-        return None, None
-    step = session.scalars(select(Step).where(Step.job_id == job_id, Step.key == step_key)).first()
-    return job, step
-
-
-def lock_job(session: Session, job_id: str) -> Job:
-    """The job's row, locked for this transaction (on Postgres; SQLite serializes writers).
-
-    Taken before any step row, as ``cancel_job`` does, so that two transactions never
-    wait on each other in opposite orders.
-    """
-    return session.get_one(Job, job_id, with_for_update=True)
-
-
-def job_has_ended(db: Database, job_id: str) -> bool:
-    """True once the job has a final status (cancelled while its step was running...)."""
-    with db.reader() as session:
-        return session.scalar(select(Job.status).where(Job.id == job_id)) in FINAL_JOB_STATUSES
 
 
 # -- a request's job, before its steps exist ---------------------------------------------

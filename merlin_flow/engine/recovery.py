@@ -55,6 +55,7 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.dispatch import start_runnable
 from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.graph import is_active
+from merlin_flow.engine.held_step import lock_job
 from merlin_flow.engine.leases import (
     QUEUED,
     process_gone,
@@ -62,7 +63,7 @@ from merlin_flow.engine.leases import (
     token_process,
     token_worker,
 )
-from merlin_flow.engine.lifecycle import end_job, lock_job
+from merlin_flow.engine.lifecycle import end_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,

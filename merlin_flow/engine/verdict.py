@@ -19,7 +19,7 @@ from merlin_flow.engine.budget import estimate_attempt
 from merlin_flow.engine.dispatch import Dispatch, Outcome, start_runnable
 from merlin_flow.engine.feedback import failure_of, failure_reason
 from merlin_flow.engine.finalize import finalize_job
-from merlin_flow.engine.held_step import HeldStep
+from merlin_flow.engine.held_step import HeldStep, load_step, lock_job
 from merlin_flow.engine.integration import (
     INTEGRATION_FAILED,
     Integration,
@@ -28,15 +28,7 @@ from merlin_flow.engine.integration import (
     integrate,
 )
 from merlin_flow.engine.leases import Heartbeat, hand_off, release_step
-from merlin_flow.engine.lifecycle import (
-    cancel_attempt,
-    end_job,
-    fail_attempt,
-    fail_step,
-    load_step,
-    lock_job,
-    pass_step,
-)
+from merlin_flow.engine.lifecycle import cancel_attempt, end_job, fail_attempt, fail_step, pass_step
 from merlin_flow.engine.spec_review import review_attempt
 from merlin_flow.errors import BudgetExceeded, LeaseLost, SetupFailed
 from merlin_flow.failures import Action, AttemptKind, Decision, decide

@@ -23,6 +23,7 @@ from merlin_flow.engine.budget import require_priced_tiers
 from merlin_flow.engine.graph import dependencies, runnable
 from merlin_flow.engine.leases import queued_values
 from merlin_flow.errors import ConfigError, InputError, RecordInDoubt
+from merlin_flow.failures import AttemptKind
 from merlin_flow.models.credentials import require_a_usable_tier
 from merlin_flow.models.endpoints import pin_endpoints
 from merlin_flow.planning.routing import start_tier
@@ -255,7 +256,7 @@ def add_steps(
             phase=Phase.ATTEMPT,
             tier_index=start,
             complexity=complexity.value,
-            next_kind="execute",
+            next_kind=AttemptKind.EXECUTE,
         )
         job.steps.append(row)
     for row in runnable(job.steps, config.limits.max_parallel_steps):

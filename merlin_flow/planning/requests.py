@@ -18,7 +18,7 @@ A request is one of three kinds:
   one step per item.
 
 ``@path`` words name files to attach to the planner's prompt (an e-mail address is not
-one). The rules are tested on a table of requests in ``tests/unit/test_requests.py``.
+one). The rules are tested on a table of requests in ``tests/unit/planning/test_requests.py``.
 """
 
 from __future__ import annotations

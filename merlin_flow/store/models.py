@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from merlin_flow.failures import AttemptKind
 from merlin_flow.store.status import Phase
 
 NAMING = {
@@ -115,7 +116,7 @@ class Step(Base):
     phase: Mapped[str] = mapped_column(String(16), default=Phase.ATTEMPT.value)
     tier_index: Mapped[int] = mapped_column(Integer, default=0)
     complexity: Mapped[str | None] = mapped_column(String(16))
-    next_kind: Mapped[str] = mapped_column(String(16), default="execute")
+    next_kind: Mapped[str] = mapped_column(String(16), default=AttemptKind.EXECUTE.value)
     base_commit: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
     result: Mapped[str | None] = mapped_column(Text)

@@ -5,10 +5,9 @@
 OpenAI function call, so that they pass the same permission rules and are journaled as
 the built-in tools are. On exit every server is stopped.
 
-- A stdio server (``command``/``args``) runs inside the step's sandbox, as a command
-  would (``merlin_flow.workspace.sandbox``): the worktree at ``/workspace``, the allowlisted
-  environment plus the server's ``env``, no secret, no network unless
-  ``[sandbox] network``, the same resource limits. It dies with its sandbox.
+- A stdio server (``command``/``args``) runs in the step's sandbox as a command would:
+  the worktree at ``/workspace``, the allowlisted environment plus the server's ``env``,
+  no secret, no network unless ``[sandbox] network``, the same limits; it dies with it.
 - A ``url`` server is reached over streamable HTTP by the worker itself: nothing is
   started, and the sandbox does not bound what that server can reach.
 
@@ -34,12 +33,12 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from merlin_flow.errors import ToolSourceError
 from merlin_flow.tool_config import McpServer, Sandbox, SandboxMode
-from merlin_flow.workspace.process import ResourceLimits
 from merlin_flow.workspace.sandbox import (
     Confinement,
     bwrap_arguments,
     check_sandbox,
     command_environment,
+    resource_limits,
 )
 
 if TYPE_CHECKING:
@@ -190,11 +189,7 @@ def server_argv(config: McpServer, confinement: Confinement, sandbox: Sandbox) -
         argv = ["env", "-i", *(f"{name}={value}" for name, value in env.items()), *command]
     else:
         argv = [*bwrap_arguments(confinement, env), "--", *command]
-    limits = ResourceLimits(
-        file_size=sandbox.max_file_size_mb * 2**20 if sandbox.max_file_size_mb else None,
-        memory=sandbox.max_memory_mb * 2**20 if sandbox.max_memory_mb else None,
-    )
-    return limits.wrap(argv)
+    return resource_limits(sandbox).wrap(argv)
 
 
 class _LoopThread:

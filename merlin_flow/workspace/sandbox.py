@@ -157,10 +157,7 @@ def run_confined(
     tail_chars: int = OUTPUT_TAIL_CHARS,
 ) -> CommandResult:
     """Run ``argv`` in the worktree, confined as ``config`` says; see the module doc."""
-    limits = ResourceLimits(
-        file_size=config.max_file_size_mb * 2**20 if config.max_file_size_mb else None,
-        memory=config.max_memory_mb * 2**20 if config.max_memory_mb else None,
-    )
+    limits = resource_limits(config)
     env = command_environment(confinement, config)
     if config.mode is SandboxMode.NONE:
         return run_command(argv, confinement.worktree, timeout, env, tail_chars, limits)
@@ -170,6 +167,14 @@ def run_confined(
     wrapped = [*bwrap_arguments(confinement, env), "--", *argv]
     # bwrap itself needs no variable: the command's are given with --setenv.
     return run_command(wrapped, confinement.worktree, timeout, {}, tail_chars, limits)
+
+
+def resource_limits(config: Sandbox) -> ResourceLimits:
+    """The limits `[sandbox]` sets on every command: file size and address space."""
+    return ResourceLimits(
+        file_size=config.max_file_size_mb * 2**20 if config.max_file_size_mb else None,
+        memory=config.max_memory_mb * 2**20 if config.max_memory_mb else None,
+    )
 
 
 def command_environment(confinement: Confinement, config: Sandbox) -> dict[str, str]:

@@ -222,34 +222,56 @@ VOCABULARY = {
 """Every status, phase, event kind and attempt kind, as the database holds them."""
 
 
-def _literals(path: Path) -> Iterator[tuple[int, str]]:
-    """The string constants of a module outside docstrings and enum classes."""
-    tree = ast.parse(path.read_text())
-    skipped: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and any(
-            ast.unparse(base).endswith("Enum") for base in node.bases
-        ):
-            skipped.update(id(inner) for inner in ast.walk(node))
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            for statement in body:
-                if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
-                    skipped.add(id(statement.value))  # a docstring, or an attribute's
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and id(node) not in skipped
-        ):
-            yield node.lineno, node.value
+FIELDS = frozenset({"status", "phase", "kind", "next_kind"})
+"""Where a status, a phase, an event kind or an attempt kind is held: columns and keys."""
+
+
+def _field(node: ast.expr) -> bool:
+    """Whether ``node`` names such a field: ``x.status``, ``x["kind"]``, ``next_kind``."""
+    if isinstance(node, ast.Attribute):
+        return node.attr in FIELDS
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+        return isinstance(key, ast.Constant) and key.value in FIELDS
+    return isinstance(node, ast.Name) and node.id in FIELDS
+
+
+def _strings(node: ast.AST) -> Iterator[ast.Constant]:
+    """The string constants of an expression (a tuple of them, a call's arguments...)."""
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+            yield inner
+
+
+def _uses(node: ast.AST) -> list[ast.expr]:
+    """The expressions ``node`` uses as a status or a kind (none for most nodes)."""
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        return [side for side in sides if not _field(side)] if any(map(_field, sides)) else []
+    if isinstance(node, ast.Assign):
+        return [node.value] if any(map(_field, node.targets)) else []
+    if isinstance(node, ast.AnnAssign):
+        return [node.value] if node.value is not None and _field(node.target) else []
+    if isinstance(node, ast.keyword):
+        return [node.value] if node.arg in FIELDS else []
+    if isinstance(node, ast.Dict):
+        pairs = zip(node.keys, node.values, strict=True)
+        return [v for k, v in pairs if isinstance(k, ast.Constant) and k.value in FIELDS]
+    return []
+
+
+def _status_literals(path: Path) -> Iterator[tuple[int, str]]:
+    """Strings used as a status or a kind: compared with, stored in or passed as one."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        for expression in _uses(node):
+            yield from ((c.lineno, c.value) for c in _strings(expression))
 
 
 def test_statuses_and_event_kinds_are_written_with_their_enums() -> None:
     found = sorted(
         f"{path.relative_to(ROOT)}:{line}: {value!r} is a {VOCABULARY[value]}"
         for path in _modules().values()
-        for line, value in _literals(path)
+        for line, value in _status_literals(path)
         if value in VOCABULARY
     )
     assert found == []
@@ -258,13 +280,17 @@ def test_statuses_and_event_kinds_are_written_with_their_enums() -> None:
 def test_the_literal_check_finds_a_bare_status(tmp_path: Path) -> None:
     source = tmp_path / "bare.py"
     source.write_text(
-        '"""A docstring that says failed."""\n'
         "from enum import StrEnum\n"
         "class Mine(StrEnum):\n    X = 'failed'\n"
-        "def f(job):\n    return job.status == 'failed' or job.kind == 'escalated'\n"
+        "def f(job, view, Event):\n"
+        "    job.status = 'running'\n"
+        "    other = {'status': 'pending', 'error': 'failed'}\n"
+        "    found = Event.kind == 'escalated' or view['status'] in ('Skipped', 'x')\n"
+        "    g(next_kind='execute', word='fix')\n"
+        "    return 'failed: ' + job.error, view['error']\n"
     )
-    values = [value for _, value in _literals(source) if value in VOCABULARY]
-    assert values == ["failed", "escalated"]
+    values = [value for _, value in _status_literals(source) if value in VOCABULARY]
+    assert sorted(values) == ["Skipped", "escalated", "execute", "pending", "running"]
 
 
 @pytest.mark.parametrize("wing", ["engine", "agents", "tools", "models", "planning"])

@@ -29,7 +29,7 @@ from merlin_flow.tools.mcp import (
 )
 from merlin_flow.workspace.sandbox import Confinement, python_mounts, sandbox_problem
 
-SERVER = Path(__file__).resolve().parents[1] / "mcp_server.py"
+SERVER = Path(__file__).resolve().parents[2] / "mcp_server.py"
 SECRET = "MERLIN_TEST_SECRET_TOKEN"
 BWRAP = Sandbox()
 

@@ -8,14 +8,8 @@ from typing import Any
 
 from rich.console import Console
 
-from merlin_flow.cli.render import (
-    FAILURE_LINES,
-    costs_since_table,
-    failure_notes,
-    job_costs_tables,
-    money,
-    steps_table,
-)
+from merlin_flow.cli.cost_tables import costs_since_table, job_costs_tables, money
+from merlin_flow.cli.render import FAILURE_LINES, failure_notes, steps_table
 from merlin_flow.engine.attempt import execute_step
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.costs import costs_since, job_costs

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from merlin_flow.cli.render import job_costs_tables, money
+from merlin_flow.cli.cost_tables import job_costs_tables, money
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.engine.budget import BudgetGuard
 from merlin_flow.errors import BudgetExceeded, InputError

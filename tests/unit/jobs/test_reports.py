@@ -104,16 +104,6 @@ def test_a_failed_step_is_a_failure_and_the_steps_after_it_are_skipped(
     assert properties["merlin.cost_usd"] == "unknown"
 
 
-def test_the_summary_names_the_outcome_and_every_attempt(
-    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
-) -> None:
-    job_id = _finished_job(db, settings, py_repo, tmp_path, "sh -c 'exit 3'")
-    summary = (settings.jobs_dir / job_id / "summary.md").read_text()
-    assert f"- job: {job_id}, status: **failed**" in summary
-    assert "| fix | Debug | Failed | execute@local: 3 |" in summary
-    assert "| docs | Debug | Skipped |  |" in summary
-
-
 def test_a_report_is_written_whole_or_not_at_all(tmp_path: Path) -> None:
     target = tmp_path / "reports" / "junit.xml"
     write_atomically(target, "first")

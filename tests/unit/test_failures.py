@@ -1,4 +1,4 @@
-"""escalation.decide, classify and feedback_for: what follows a failure, and what it is told."""
+"""decide: what a failure leads to (retry the call, fix, escalate, fail, stop)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 
 from merlin_flow.config import Limits
-from merlin_flow.engine.feedback import FEEDBACK_CHARS, failure_of, failure_reason, feedback_for
+from merlin_flow.engine.feedback import failure_reason
 from merlin_flow.failures import Action, AttemptKind, Decision, Failure, FailureKind, decide
-from merlin_flow.models.diagnosis import classify
 from merlin_flow.store import Attempt
 
 E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
@@ -105,105 +104,7 @@ def test_decide_with_real_attempt_rows() -> None:
     assert after_attempts(rows, 0, 2, 1, failure_reason(rows[1])) == NextAttempt(X, 1, "turn limit")
 
 
-def test_failure_reason_prefers_error() -> None:
-    assert failure_reason(attempt(1, E, error="model refused")) == "model refused"
-    assert failure_reason(attempt(1, E, exit_code=3)) == "exit command failed with exit code 3"
-
-
-# --- feedback_for ----------------------------------------------------------------------
-
-
-def test_execute_gets_no_feedback() -> None:
-    assert feedback_for(E, []) is None
-    assert feedback_for(E, [attempt(1, E, output_tail="boom")]) is None
-
-
-def test_no_failed_attempts_gives_no_feedback() -> None:
-    assert feedback_for(F, [attempt(1, E, status="passed", exit_code=0)]) is None
-
-
-def test_fix_gets_only_the_last_failure() -> None:
-    attempts = [
-        attempt(1, E, output_tail="FIRST OUTPUT", exit_code=1),
-        attempt(2, F, output_tail="  SECOND OUTPUT\n", exit_code=4),
-    ]
-    text = feedback_for(F, attempts)
-    assert text is not None
-    assert "FIRST OUTPUT" not in text
-    assert "Attempt 2 (fix on tier local): exit command failed with exit code 4" in text
-    assert "Output (tail):\nSECOND OUTPUT\n" in text
-    assert text.endswith("repair them.")
-
-
-def test_fix_feedback_keeps_the_tail_of_long_output() -> None:
-    output = "HEAD" + "x" * (FEEDBACK_CHARS * 2) + "TAIL"
-    text = feedback_for(F, [attempt(1, E, output_tail=output)])
-    assert text is not None
-    assert "TAIL" in text
-    assert "HEAD" not in text
-
-
-def test_escalate_gets_all_failures() -> None:
-    attempts = [
-        attempt(1, E, tier="local", output_tail="OUT-ONE", exit_code=1),
-        attempt(2, F, tier="local", status="error", error="turn limit", exit_code=None),
-        attempt(3, F, tier="local", output_tail="OUT-THREE", exit_code=5),
-    ]
-    text = feedback_for(X, attempts)
-    assert text is not None
-    for expected in (
-        "Attempt 1 (execute on tier local): exit command failed with exit code 1",
-        "OUT-ONE",
-        "Attempt 2 (fix on tier local): turn limit",
-        "Attempt 3 (fix on tier local): exit command failed with exit code 5",
-        "OUT-THREE",
-    ):
-        assert expected in text
-    assert text.index("Attempt 1") < text.index("Attempt 2") < text.index("Attempt 3")
-    assert text.endswith("solve the step afresh.")
-
-
-def test_escalate_ignores_attempts_that_did_not_fail() -> None:
-    attempts = [
-        attempt(1, E, status="running", output_tail="STILL-RUNNING"),
-        attempt(2, E, output_tail="REAL-FAILURE"),
-    ]
-    text = feedback_for(X, attempts)
-    assert text is not None
-    assert "STILL-RUNNING" not in text
-    assert "REAL-FAILURE" in text
-
-
-def _response(status: int) -> Any:
-    import httpx
-
-    return httpx.Response(status, request=httpx.Request("POST", "http://127.0.0.1/v1"))
-
-
-def _litellm_errors() -> Any:
-    import litellm
-
-    kw = {"message": "m", "model": "scripted/x", "llm_provider": "scripted"}
-    return [
-        (litellm.RateLimitError(**kw), FailureKind.TRANSIENT),
-        (litellm.Timeout(**kw), FailureKind.TRANSIENT),
-        (litellm.APIConnectionError(**kw), FailureKind.TRANSIENT),
-        (litellm.InternalServerError(**kw), FailureKind.TRANSIENT),
-        (litellm.ServiceUnavailableError(**kw), FailureKind.TRANSIENT),
-        (litellm.BadGatewayError(**kw), FailureKind.TRANSIENT),
-        (litellm.BadRequestError(**kw), FailureKind.CAPABILITY),
-        (litellm.AuthenticationError(**kw), FailureKind.ACCESS),
-        (litellm.PermissionDeniedError(**kw, response=_response(403)), FailureKind.ACCESS),
-        (litellm.NotFoundError(**kw), FailureKind.ACCESS),
-        (litellm.ContextWindowExceededError(**kw), FailureKind.CAPABILITY),
-        (litellm.BudgetExceededError(current_cost=2.0, max_budget=1.0), FailureKind.BUDGET),
-        (ValueError("unparseable"), FailureKind.CAPABILITY),
-    ]
-
-
-def test_classify_uses_litellm_exception_types() -> None:
-    for exc, kind in _litellm_errors():
-        assert classify(exc) is kind, type(exc).__name__
+# --- failed model calls ------------------------------------------------------------------
 
 
 def test_transient_call_failures_back_off_then_end_the_attempt() -> None:
@@ -239,13 +140,3 @@ def test_access_failures_are_never_retried_nor_fixed() -> None:
     assert (after.action, after.tier_index) == (Action.ESCALATE, 1)  # no fix attempt first
     last = decide(failure, tier_index=1, next_tier=None, limits=limits, attempts=[attempt(1, E)])
     assert last.action is Action.FAIL_STEP
-
-
-def test_failure_of_reads_the_stored_kind_never_the_error_text() -> None:
-    error = "tier 'fast' (openai/x): missing credentials"
-    unreachable = attempt(1, E, status="error", exit_code=None, error=error, failure_kind="access")
-    assert failure_of(unreachable) == Failure(FailureKind.ACCESS, error)
-    looks_alike = attempt(1, E, status="error", exit_code=None, error="model unreachable: x")
-    assert failure_of(looks_alike).kind is FailureKind.CAPABILITY
-    failed = attempt(1, E, exit_code=1)
-    assert failure_of(failed).kind is FailureKind.CAPABILITY

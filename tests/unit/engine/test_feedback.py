@@ -1,0 +1,112 @@
+"""feedback_for and failure_of: what a failed attempt stands for, and what the next one is told."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from merlin_flow.engine.feedback import FEEDBACK_CHARS, failure_of, failure_reason, feedback_for
+from merlin_flow.failures import AttemptKind, Failure, FailureKind
+
+E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
+
+
+def attempt(
+    number: int,
+    kind: AttemptKind,
+    tier: str = "local",
+    status: str = "failed",
+    exit_code: int | None = 1,
+    error: str | None = None,
+    output_tail: str | None = None,
+    failure_kind: str | None = None,
+) -> Any:
+    return SimpleNamespace(
+        number=number,
+        kind=kind.value,
+        tier=tier,
+        status=status,
+        exit_code=exit_code,
+        error=error,
+        output_tail=output_tail,
+        failure_kind=failure_kind,
+    )
+
+
+def test_failure_reason_prefers_error() -> None:
+    assert failure_reason(attempt(1, E, error="model refused")) == "model refused"
+    assert failure_reason(attempt(1, E, exit_code=3)) == "exit command failed with exit code 3"
+
+
+# --- feedback_for ----------------------------------------------------------------------
+
+
+def test_execute_gets_no_feedback() -> None:
+    assert feedback_for(E, []) is None
+    assert feedback_for(E, [attempt(1, E, output_tail="boom")]) is None
+
+
+def test_no_failed_attempts_gives_no_feedback() -> None:
+    assert feedback_for(F, [attempt(1, E, status="passed", exit_code=0)]) is None
+
+
+def test_fix_gets_only_the_last_failure() -> None:
+    attempts = [
+        attempt(1, E, output_tail="FIRST OUTPUT", exit_code=1),
+        attempt(2, F, output_tail="  SECOND OUTPUT\n", exit_code=4),
+    ]
+    text = feedback_for(F, attempts)
+    assert text is not None
+    assert "FIRST OUTPUT" not in text
+    assert "Attempt 2 (fix on tier local): exit command failed with exit code 4" in text
+    assert "Output (tail):\nSECOND OUTPUT\n" in text
+    assert text.endswith("repair them.")
+
+
+def test_fix_feedback_keeps_the_tail_of_long_output() -> None:
+    output = "HEAD" + "x" * (FEEDBACK_CHARS * 2) + "TAIL"
+    text = feedback_for(F, [attempt(1, E, output_tail=output)])
+    assert text is not None
+    assert "TAIL" in text
+    assert "HEAD" not in text
+
+
+def test_escalate_gets_all_failures() -> None:
+    attempts = [
+        attempt(1, E, tier="local", output_tail="OUT-ONE", exit_code=1),
+        attempt(2, F, tier="local", status="error", error="turn limit", exit_code=None),
+        attempt(3, F, tier="local", output_tail="OUT-THREE", exit_code=5),
+    ]
+    text = feedback_for(X, attempts)
+    assert text is not None
+    for expected in (
+        "Attempt 1 (execute on tier local): exit command failed with exit code 1",
+        "OUT-ONE",
+        "Attempt 2 (fix on tier local): turn limit",
+        "Attempt 3 (fix on tier local): exit command failed with exit code 5",
+        "OUT-THREE",
+    ):
+        assert expected in text
+    assert text.index("Attempt 1") < text.index("Attempt 2") < text.index("Attempt 3")
+    assert text.endswith("solve the step afresh.")
+
+
+def test_escalate_ignores_attempts_that_did_not_fail() -> None:
+    attempts = [
+        attempt(1, E, status="running", output_tail="STILL-RUNNING"),
+        attempt(2, E, output_tail="REAL-FAILURE"),
+    ]
+    text = feedback_for(X, attempts)
+    assert text is not None
+    assert "STILL-RUNNING" not in text
+    assert "REAL-FAILURE" in text
+
+
+def test_failure_of_reads_the_stored_kind_never_the_error_text() -> None:
+    error = "tier 'fast' (openai/x): missing credentials"
+    unreachable = attempt(1, E, status="error", exit_code=None, error=error, failure_kind="access")
+    assert failure_of(unreachable) == Failure(FailureKind.ACCESS, error)
+    looks_alike = attempt(1, E, status="error", exit_code=None, error="model unreachable: x")
+    assert failure_of(looks_alike).kind is FailureKind.CAPABILITY
+    failed = attempt(1, E, exit_code=1)
+    assert failure_of(failed).kind is FailureKind.CAPABILITY
