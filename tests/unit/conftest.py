@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,10 +12,20 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Database, open_database
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite file migrated to the head, copied by every test that wants a store."""
+    path = tmp_path_factory.mktemp("template") / "merlin.db"
+    open_database(f"sqlite:///{path}").dispose()
+    return path
+
+
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
+def db(tmp_path: Path, migrated_sqlite: Path) -> Iterator[Database]:
     """A migrated SQLite store (tests that need Postgres too override it with database_url)."""
-    database = open_database(f"sqlite:///{tmp_path / 'merlin.db'}")
+    path = tmp_path / "merlin.db"
+    shutil.copyfile(migrated_sqlite, path)
+    database = open_database(f"sqlite:///{path}")
     yield database
     database.dispose()
 
