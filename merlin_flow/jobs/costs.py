@@ -20,7 +20,8 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.errors import InputError, JobNotFoundError
-from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, utcnow
+from merlin_flow.failures import AttemptKind
+from merlin_flow.store import Attempt, Database, Event, Job, JobStatus, LlmCall, Step, utcnow
 from merlin_flow.store.events import EventKind, NextAttemptData, data_of
 
 DURATION = re.compile(r"^\s*(\d+)\s*([mhdw])\s*$")
@@ -59,7 +60,7 @@ class AttemptCosts(CallCounts):
     """The calls of one attempt."""
 
     number: int
-    kind: str
+    kind: AttemptKind
     tier: str
 
 
@@ -85,7 +86,7 @@ class JobCosts(TypedDict):
     """What ``merlin costs JOB --json`` prints."""
 
     job_id: str
-    status: str
+    status: JobStatus
     budget_usd: float | None
     total: CallCounts
     tiers: list[TierCosts]
@@ -212,7 +213,7 @@ def job_costs(db: Database, job_id: str) -> JobCosts:
             attempts: list[AttemptCosts] = [
                 {
                     "number": attempt.number,
-                    "kind": attempt.kind,
+                    "kind": AttemptKind(attempt.kind),
                     "tier": attempt.tier,
                     **per_attempt.get(attempt.id, NO_CALLS),
                 }
@@ -230,7 +231,7 @@ def job_costs(db: Database, job_id: str) -> JobCosts:
             )
         return {
             "job_id": job_id,
-            "status": job.status,
+            "status": JobStatus(job.status),
             "budget_usd": job.budget_usd,
             "total": _row(total),
             "tiers": [{"tier": row.tier, **_row(row)} for row in tiers],

@@ -21,7 +21,7 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
-from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
+from merlin_flow.store import Attempt, Database, Event, Job, JobStatus, LlmCall, Step
 from merlin_flow.store.events import EventKind
 from merlin_flow.tasklist import TaskList
 from merlin_flow.workspace.git import git
@@ -84,8 +84,8 @@ class ReplayReport:
 
     original: str
     replay: str
-    original_status: str
-    replay_status: str
+    original_status: JobStatus
+    replay_status: JobStatus
     steps: list[StepComparison]
     calls: int
     identical_requests: int
@@ -163,8 +163,8 @@ def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
         return ReplayReport(
             original=original.id,
             replay=replay.id,
-            original_status=original.status,
-            replay_status=replay.status,
+            original_status=JobStatus(original.status),
+            replay_status=JobStatus(replay.status),
             steps=steps,
             calls=calls,
             identical_requests=identical,

@@ -75,7 +75,7 @@ class RequestSubmission:
 
     job_id: str
     config: MerlinConfig
-    status: str
+    status: JobStatus
     """``awaiting_approval``, ``pending`` (approved: enqueue it) or ``completed`` (answered)."""
     warnings: tuple[str, ...] = ()
 
@@ -169,7 +169,7 @@ def request_context(
 
 def plan_job(
     db: Database, settings: Settings, job_id: str, call_model: ModelCall = complete
-) -> str:
+) -> JobStatus:
     """Plan (or answer) a job in status ``planning``; its status afterwards."""
     with db.reader() as session:
         job = _job(session.get(Job, job_id), job_id)
@@ -187,7 +187,7 @@ def plan_job(
             job = session.get_one(Job, job_id)
             job.plan = {"kind": "question", "error": answer.error}
             record_answer(session, job, answer.text, answer.error)
-            return job.status
+            return JobStatus(job.status)
     made = make_plan(request, config, request_context(repository, base, config, request), calls)
     tasklist = to_tasklist(request, made.steps)
     with db.session() as session:

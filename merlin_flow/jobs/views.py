@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 
 from merlin_flow.engine.graph import is_complete, is_finished, waiting_on
 from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.failures import AttemptKind
 from merlin_flow.jobs.costs import UNPRICED, CostFields, cost_fields
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
@@ -21,10 +22,12 @@ from merlin_flow.store import (
     Database,
     Event,
     Job,
+    JobStatus,
     LlmCall,
     Step,
     StepStatus,
 )
+from merlin_flow.store.events import EventKind
 from merlin_flow.workspace.git import diff
 from merlin_flow.workspace.repository import repository_of
 
@@ -33,10 +36,10 @@ class AttemptView(CostFields):
     """One attempt, as ``merlin status --json`` shows it."""
 
     number: int
-    kind: str
+    kind: AttemptKind
     tier: str
     model: str
-    status: str
+    status: AttemptStatus
     commit: str | None
     exit_code: int | None
     error: str | None
@@ -53,7 +56,7 @@ class StepView(TypedDict):
     id: str
     step_type: str
     description: str
-    status: str
+    status: StepStatus
     tier: str | None
     complexity: str | None
     exit_command: str
@@ -85,7 +88,7 @@ class JobView(CostFields):
     id: str
     title: str
     repo: str
-    status: str
+    status: JobStatus
     branch: str
     base_commit: str
     head_commit: str
@@ -114,7 +117,7 @@ class JobListEntry(TypedDict):
     """One job of ``merlin list --json``."""
 
     id: str
-    status: str
+    status: JobStatus
     title: str
     repo: str
     branch: str
@@ -126,7 +129,7 @@ class EventView(TypedDict):
     """One event of a job's history."""
 
     id: int
-    kind: str
+    kind: EventKind
     step_key: str | None
     message: str
     data: dict[str, Any] | None
@@ -149,10 +152,10 @@ def attempt_view(attempt: Attempt, unpriced_calls: int = 0) -> AttemptView:
     """One attempt as JSON-ready data (its cost is unknown when calls were unpriced)."""
     return {
         "number": attempt.number,
-        "kind": attempt.kind,
+        "kind": AttemptKind(attempt.kind),
         "tier": attempt.tier,
         "model": attempt.model,
-        "status": attempt.status,
+        "status": AttemptStatus(attempt.status),
         "commit": attempt.commit,
         "exit_code": attempt.exit_code,
         "error": attempt.error,
@@ -189,7 +192,7 @@ def job_view(db: Database, job_id: str) -> JobView:
                     "id": step.key,
                     "step_type": step.step_type,
                     "description": step.description,
-                    "status": step.status,
+                    "status": StepStatus(step.status),
                     "tier": tiers[step.tier_index] if step.tier_index < len(tiers) else None,
                     "complexity": step.complexity,
                     "exit_command": step.exit_command,
@@ -215,7 +218,7 @@ def job_view(db: Database, job_id: str) -> JobView:
             "id": job.id,
             "title": job.title,
             "repo": job.repo,
-            "status": job.status,
+            "status": JobStatus(job.status),
             "branch": job.branch,
             "base_commit": job.base_commit,
             "head_commit": job.head_commit,
@@ -244,7 +247,7 @@ def list_jobs(db: Database, limit: int = 50) -> list[JobListEntry]:
         return [
             {
                 "id": job.id,
-                "status": job.status,
+                "status": JobStatus(job.status),
                 "title": job.title,
                 "repo": job.repo,
                 "branch": job.branch,
@@ -255,13 +258,13 @@ def list_jobs(db: Database, limit: int = 50) -> list[JobListEntry]:
         ]
 
 
-def job_status(db: Database, job_id: str) -> str:
+def job_status(db: Database, job_id: str) -> JobStatus:
     """Just the status of a job."""
     with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None:
             raise JobNotFoundError(f"no job with id {job_id!r}")
-        return job.status
+        return JobStatus(job.status)
 
 
 def events_since(db: Database, job_id: str, after_id: int = 0) -> list[EventView]:
@@ -273,7 +276,7 @@ def events_since(db: Database, job_id: str, after_id: int = 0) -> list[EventView
         return [
             {
                 "id": row.id,
-                "kind": row.kind,
+                "kind": EventKind(row.kind),
                 "step_key": row.step_key,
                 "message": row.message,
                 "data": row.data,

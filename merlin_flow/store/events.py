@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, NotRequired, TypedDict, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, cast
 
 from sqlalchemy.orm import Session
 
@@ -131,15 +131,15 @@ class NextAttemptData(TypedDict):
     reason: str
 
 
-class RecoveredData(TypedDict):
+class RecoveredData(TypedDict, total=False):
     """A step taken over from a lost worker: its counted and total losses.
 
     A step queued because none of its job's steps was running carries none of them.
     """
 
-    recoveries: NotRequired[int]
-    losses: NotRequired[int]
-    counted: NotRequired[bool]
+    recoveries: int
+    losses: int
+    counted: bool
 
 
 class ResumedData(TypedDict):

@@ -55,6 +55,26 @@ def test_one_broken_job_does_not_stop_the_sweep(
     assert enqueued == [healthy]
 
 
+def test_a_job_with_nothing_running_or_queued_gets_its_runnable_steps_queued(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = scripted_job(db, settings, py_repo, tmp_path, steps=2)
+    with db.session() as session:  # its queued message and lease were lost together
+        session.execute(
+            update(Step)
+            .where(Step.job_id == job_id)
+            .values(lease_owner=None, lease_expires_at=None)
+        )
+    enqueued: list[tuple[str, str | None]] = []
+    assert sweep(db, settings, lambda job, key: enqueued.append((job, key))) == [job_id]
+    assert enqueued == [(job_id, "s0")]  # s1 needs s0
+    with db.reader() as session:
+        event = session.scalars(select(Event).where(Event.kind == "step_recovered")).one()
+        assert (event.step_key, event.message, event.data) == ("s0", "step s0 queued: none was", {})
+        step = session.scalars(select(Step).where(Step.key == "s0")).one()
+        assert step.lease_owner == QUEUED
+
+
 # Poison or unlucky: a loss counts against a step only when no other step was lost since.
 
 

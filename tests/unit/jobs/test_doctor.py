@@ -73,3 +73,19 @@ def test_a_server_tier_of_unknown_price_is_a_warning(merlin_home: Path, tmp_path
         config.write_text(tier + "price_in = 0.0\nprice_out = 0.0\n")
         code, checks = doctor("--config", str(config))
         assert checks["tier own"]["verdict"] == "ok"
+
+
+def test_the_broker_checks_read_the_probe_they_are_given() -> None:
+    from merlin_flow.jobs.doctor import Verdict, broker_checks
+
+    down = broker_checks(lambda: ("ConnectionRefusedError: [Errno 111]", None))
+    assert [(c.name, c.verdict) for c in down] == [("broker", Verdict.FAIL)]
+    assert down[0].fix == "check MERLIN_BROKER_URL and the server"
+    counts = broker_checks(lambda: (None, {"llm": 1, "control": 1, "verify": 0}))
+    assert [(c.name, c.verdict) for c in counts] == [
+        ("broker", Verdict.OK),
+        ("queue llm", Verdict.OK),
+        ("queue control", Verdict.OK),
+        ("queue verify", Verdict.WARN),
+    ]
+    assert counts[-1].fix == "start `merlin worker -Q verify` (see Procfile)"

@@ -1,4 +1,4 @@
-"""permission_masks: what a checkout's sandbox hides and keeps read-only."""
+"""A checkout: a worktree with its environment and sandbox; the permission masks it mounts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,14 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.tool_config import PermissionRules
+from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.errors import SetupFailed
+from merlin_flow.settings import Settings
+from merlin_flow.tool_config import Environment, PermissionRules, Sandbox, SandboxMode
 from merlin_flow.tools.permissions import Permissions
-from merlin_flow.workspace.checkout import permission_masks
+from merlin_flow.workspace.checkout import Checkout, open_checkout, permission_masks
+from merlin_flow.workspace.repository import repository_of
+from tests.conftest import git
 
 
 def perms(root: Path | None = None, **lists: Any) -> Permissions:
@@ -77,3 +82,84 @@ def test_masks_do_not_follow_symlinks_out_of_the_worktree(tree: Path) -> None:
     masks = permission_masks(perms(deny=["Read(out)"]).rules, tree)
     assert masks.hidden == ()
     assert os.path.isdir(tree / "out")  # the link is still there, pointing at /etc
+
+
+# -- a checkout ------------------------------------------------------------------------------
+
+
+def test_a_checkout_of_a_commit_has_its_files_and_goes_at_the_end(
+    py_repo: Path, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    config = MerlinConfig(
+        tiers=[Tier(name="t", model="scripted/x.yaml")],
+        environment=Environment(setup=[]),
+        sandbox=Sandbox(mode=SandboxMode.NONE),
+        permissions=PermissionRules(deny=["Read(.env)"], ask=["Edit(app.py)"]),
+    )
+    (py_repo / ".env").write_text("KEY=1\n")
+    git(py_repo, "add", ".env")
+    git(py_repo, "commit", "-qm", "env")
+    repository = repository_of(str(py_repo), settings)
+    commit = git(py_repo, "rev-parse", "HEAD")
+    worktree = tmp_path / "wt"
+    with open_checkout(settings, config, repository, commit, worktree) as checkout:
+        assert checkout.worktree == worktree
+        assert checkout.environment is None  # setup = []: merlin's own interpreter
+        assert (worktree / "app.py").read_text() == "def answer():\n    return 41\n"
+        assert checkout.confinement.hidden == (worktree.resolve() / ".env",)
+        assert checkout.confinement.read_only_paths == (worktree.resolve() / "app.py",)
+        result = checkout.run(["/bin/sh", "-c", "pwd; cat app.py"], timeout=30)
+        assert result.ok
+        assert str(worktree) in result.output_tail
+        assert "return 41" in result.output_tail
+        assert checkout.run_exit_command("false", config).exit_code == 1
+        warning = checkout.unenforced() or ""
+        assert ".env" in warning  # mode none cannot hide it: said, not hidden
+        reader = checkout.read_only()
+        assert not reader.confinement.worktree_writable
+        assert checkout.confinement.worktree_writable  # the original is unchanged
+    assert not worktree.exists()
+    assert str(worktree) not in git(py_repo, "worktree", "list")
+
+
+def test_a_failed_setup_checks_nothing_out(py_repo: Path, tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    config = MerlinConfig(
+        tiers=[Tier(name="t", model="scripted/x.yaml")],
+        environment=Environment(setup=["echo broken >&2; exit 3"]),
+        sandbox=Sandbox(mode=SandboxMode.NONE),
+    )
+    repository = repository_of(str(py_repo), settings)
+    commit = git(py_repo, "rev-parse", "HEAD")
+    built: list[object] = []
+    with (
+        pytest.raises(SetupFailed, match="exited with code 3"),
+        open_checkout(settings, config, repository, commit, tmp_path / "wt", built.append),
+    ):
+        pytest.fail("a checkout opened without its environment")
+    assert built == []
+    assert not (tmp_path / "wt").exists()
+
+
+def test_a_built_environment_is_told_once(py_repo: Path, tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path / "home")
+    config = MerlinConfig(
+        tiers=[Tier(name="t", model="scripted/x.yaml")],
+        environment=Environment(setup=['mkdir -p "$MERLIN_ENV/bin"']),
+        sandbox=Sandbox(mode=SandboxMode.NONE),
+    )
+    repository = repository_of(str(py_repo), settings)
+    commit = git(py_repo, "rev-parse", "HEAD")
+    built: list[object] = []
+    for name in ("one", "two"):
+        with open_checkout(settings, config, repository, commit, tmp_path / name, built.append):
+            pass
+    assert len(built) == 1  # the second checkout reused it
+
+
+def test_a_plain_folder_is_a_checkout_of_its_own(tmp_path: Path) -> None:
+    checkout = Checkout.folder(tmp_path)
+    assert (checkout.worktree, checkout.environment) == (tmp_path.resolve(), None)
+    assert checkout.sandbox == Sandbox()  # the bubblewrap sandbox by default
+    assert checkout.confinement.path  # merlin's interpreter first on PATH
