@@ -142,7 +142,7 @@ def run_agent(
     raise to stop the attempt. ``on_progress(messages)`` is given the conversation after
     each reply (before its tools run) and after its tools ran: what a live view shows.
     A transiently failing call is retried on the same tier as ``limits`` says
-    (``escalation.decide``). Raises AgentError when the model fails for
+    (``merlin_flow.failures.decide``). Raises AgentError when the model fails for
     good or the turn limit is reached, BudgetExceeded when the budget stops the job.
     """
     messages = transcript if transcript is not None else []

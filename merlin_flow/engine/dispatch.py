@@ -61,7 +61,7 @@ class Dispatch:
 def start_runnable(session: Session, job: Job, handoff_seconds: float) -> Dispatch:
     """Queue the steps whose dependencies have all passed; say whether the job finished.
 
-    Called under the job's lock (``lifecycle.lock_job``) when a step ends, so that of two
+    Called under the job's lock (``held_step.lock_job``) when a step ends, so that of two
     siblings ending at once, the second sees both passed and queues the step that needs
     both.
     """

@@ -2,7 +2,7 @@
 
 A pass moves the job branch to the attempt's commit (merged and verified again when
 steps beside it moved the branch: ``merlin_flow.engine.integration``) and queues the steps it
-lets start; a failure plans a fix or an escalation (``escalation.decide``), or ends the job
+lets start; a failure plans a fix or an escalation (``failures.decide``), or ends the job
 when no tier is left or the budget cannot pay for the next one. Every write is made
 under the job's lock and while holding the step's lease.
 """

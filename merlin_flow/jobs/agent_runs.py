@@ -8,7 +8,7 @@ and records it, and its exit command is the project's default for the step's typ
 
 The dry run (``preview``) writes nothing. It says what the step's agent would get at its
 first attempt, from the same functions an attempt uses: the system prompt and the first
-user message (``agent.first_messages``, with the agent's prompt, the repository's
+user message (``agents.loop.first_messages``, with the agent's prompt, the repository's
 AGENTS.md and the specs' constraints), the tools after the permissions and the agent's
 allowlist (``step_tools``), the rules in force and the paths they hide from commands;
 and, as warnings, what submission would refuse.

@@ -7,7 +7,7 @@ A job nobody is working on is finalized at once.
 
 Resuming puts a failed, cancelled, budget-stopped or partially completed job back in
 motion: every step that did not pass is pending again, and those whose dependencies
-have passed are queued (``lifecycle.start_runnable``). The first of them starts afresh
+have passed are queued (``lifecycle.reopen_job``). The first of them starts afresh
 from the branch's head, on the tier it had reached (or ``--tier``), with its earlier
 failures as feedback; the others keep their tiers. Completed steps are kept. A resume
 may correct what made the job fail: the first step's exit command (``--exit-command``)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def junit_xml(view: JobView) -> str:
-    """The job (``jobs.job_view``) as a JUnit XML document: a test case per step."""
+    """The job (``views.job_view``) as a JUnit XML document: a test case per step."""
     steps = view["steps"]
     failures = sum(1 for s in steps if s["status"] == StepStatus.FAILED)
     unfinished = (StepStatus.SKIPPED, StepStatus.PENDING, StepStatus.IN_PROGRESS)

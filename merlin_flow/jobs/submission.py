@@ -167,7 +167,8 @@ def create_job(
     The job starts from ``base_commit`` (the repository's HEAD when unset). A job with
     ``replay_of`` takes its model answers from that job's journal (``merlin replay``),
     and the original's ``exit_commands`` (one per step) rather than today's defaults.
-    ``agents``: each step's agent (``agent_choice.choose_agents``); chosen here if unset.
+    ``agents``: each step's agent (``merlin_flow.agents.choice.choose_agents``); chosen
+    here if unset.
     """
     tasklist.check_submittable()
     config = pin_endpoints(config)  # the submitter's endpoints, for every worker

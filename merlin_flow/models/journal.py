@@ -158,7 +158,7 @@ class OriginalJournal:
 
 
 class Replayer:
-    """A model call (``agent.ModelCall``) that answers from the journal while it can."""
+    """A model call (``llm.ModelCall``) that answers from the journal while it can."""
 
     def __init__(
         self,

@@ -141,7 +141,7 @@ def complete(tier: Tier, messages: list[dict[str, Any]], tools: list[dict[str, A
 
     The provider client never retries (merlin's retry decision is the only one, and every
     request is journaled); the tier's endpoint, key variable and version are used as the
-    job stored them. litellm's exceptions propagate (``model_errors.examine`` reads them);
+    job stored them. litellm's exceptions propagate (``diagnosis.examine`` reads them);
     a reply that refuses the request raises ModelRefused.
     """
     litellm = litellm_module()

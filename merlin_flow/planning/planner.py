@@ -1,10 +1,10 @@
 """From a request in plain words to a plan: the rules first, then one planner call.
 
-``make_plan`` classifies the request (``merlin_flow.planning.requests``). A question gets no plan
-and a single action one step, with no model call. Anything else goes to the tier
-``[planning] tier`` names, with the repository's context (``planning_context``). Its
-answer is read leniently and checked (``plan_reading``). A plan with problems is sent
-back once, quoting them; if the second answer has problems too (or the model fails,
+``make_plan`` classifies the request (``merlin_flow.planning.requests``). A question gets
+no plan and a single action one step, with no model call. Anything else goes to the tier
+``[planning] tier`` names, with the repository's context (``merlin_flow.planning.context``).
+Its answer is read leniently and checked (``merlin_flow.planning.reading``). A plan with
+problems is sent back once, quoting them; if the second answer has problems too (or the model fails,
 which is expected input, never a crash), the plan is the **fallback**: one step
 carrying the whole request, flagged as such wherever it is shown.
 """

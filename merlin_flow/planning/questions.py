@@ -2,10 +2,10 @@
 
 A request that asks rather than orders (``requests.classify``) is answered by the
 planning tier's model with the tools that read, list and grep only
-(``tools.READ_ONLY_TOOLS``), in a detached worktree of the commit the job starts at,
-removed afterwards. There is no exit command and nothing is committed. The model's last
-message is the answer; a model that fails, or runs out of turns, gives an answer-less
-job whose error says why (expected input, never a crash).
+(``merlin_flow.tools.toolbox.READ_ONLY_TOOLS``), in a detached worktree of the commit the
+job starts at, removed afterwards. There is no exit command and nothing is committed.
+The model's last message is the answer; a model that fails, or runs out of turns, gives
+an answer-less job whose error says why (expected input, never a crash).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Redaction of the worker's secrets from text before it is stored.
 
 A secret is the value of an environment variable with a secret-looking name (see
-:func:`merlin_flow.config.is_secret_name`), or the credentials of a URL held in any
+:func:`merlin_flow.tool_config.is_secret_name`), or the credentials of a URL held in any
 variable (``postgresql://user:pw@host/db``: the password and the whole URL). The store
 runs every row it writes through :func:`current_redactor`, so agent output, exit-command
 output, errors and transcripts never carry them into the database.
