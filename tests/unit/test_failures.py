@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,30 +10,9 @@ from merlin_flow.config import Limits
 from merlin_flow.engine.feedback import failure_reason
 from merlin_flow.failures import Action, AttemptKind, Decision, Failure, FailureKind, decide
 from merlin_flow.store import Attempt
+from tests.unit.attempts import attempt
 
 E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
-
-
-def attempt(
-    number: int,
-    kind: AttemptKind,
-    tier: str = "local",
-    status: str = "failed",
-    exit_code: int | None = 1,
-    error: str | None = None,
-    output_tail: str | None = None,
-    failure_kind: str | None = None,
-) -> Any:
-    return SimpleNamespace(
-        number=number,
-        kind=kind.value,
-        tier=tier,
-        status=status,
-        exit_code=exit_code,
-        error=error,
-        output_tail=output_tail,
-        failure_kind=failure_kind,
-    )
 
 
 def history(*kinds: AttemptKind) -> list[Any]:

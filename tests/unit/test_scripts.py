@@ -11,15 +11,7 @@ import pytest
 
 from merlin_flow.errors import ConfigError
 from merlin_flow.models.scripted import reply_for
-from merlin_flow.scripts import Script, load_script
-
-
-def script(*rules: dict[str, Any]) -> Script:
-    return Script.model_validate({"rules": list(rules)})
-
-
-def reply(content: str) -> dict[str, Any]:
-    return {"reply": {"content": content}}
+from merlin_flow.scripts import load_script
 
 
 def user(text: str) -> dict[str, Any]:

@@ -2,35 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-from typing import Any
-
 from merlin_flow.engine.feedback import FEEDBACK_CHARS, failure_of, failure_reason, feedback_for
 from merlin_flow.failures import AttemptKind, Failure, FailureKind
+from tests.unit.attempts import attempt
 
 E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
-
-
-def attempt(
-    number: int,
-    kind: AttemptKind,
-    tier: str = "local",
-    status: str = "failed",
-    exit_code: int | None = 1,
-    error: str | None = None,
-    output_tail: str | None = None,
-    failure_kind: str | None = None,
-) -> Any:
-    return SimpleNamespace(
-        number=number,
-        kind=kind.value,
-        tier=tier,
-        status=status,
-        exit_code=exit_code,
-        error=error,
-        output_tail=output_tail,
-        failure_kind=failure_kind,
-    )
 
 
 def test_failure_reason_prefers_error() -> None:

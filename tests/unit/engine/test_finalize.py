@@ -10,9 +10,11 @@ from sqlalchemy import func, select
 from merlin_flow.engine.attempt import execute_step
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.finalize import fail_job, finalize_job
+from merlin_flow.engine.leases import claim
 from merlin_flow.engine.verdict import verify_step
+from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Event, Job
+from merlin_flow.store import Database, Event, Job, Step
 from tests.conftest import git
 from tests.unit.scripted_jobs import scripted_job
 
@@ -54,3 +56,22 @@ def test_fail_job_leaves_a_step_another_worker_holds(
     assert not fail_job(db, settings, job_id, "no-such-step", "x", "boom")
     with db.reader() as session:
         assert session.get_one(Job, job_id).status == "pending"
+
+
+def test_fail_job_only_from_the_lease_holder(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    with db.reader() as session:
+        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
+    assert claim(db, step_id, "attempt", "owner", 30)
+    assert not fail_job(db, settings, job_id, "s0", "zombie", "boom")
+    assert job_view(db, job_id)["status"] == "pending"
+    assert fail_job(db, settings, job_id, "s0", "owner", "boom")
+    assert job_view(db, job_id)["status"] == "failed"
+
+
+# -- every named transition from every state ----------------------------------------------
+
+"""The transition does not apply: TransitionRefused, nothing written."""
+"""The transition is a no-op there: nothing written, no error."""

@@ -7,10 +7,8 @@ siblings started from the same head, one passing before the other.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.engine.attempt import execute_step
@@ -21,83 +19,16 @@ from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Step
+from merlin_flow.store import Database
 from merlin_flow.tasklist import parse_tasklist
 from tests.conftest import git, make_repo
-
-
-def _write(path: str, content: str, match: str) -> dict[str, Any]:
-    return {
-        "match": match,
-        "turn": 0,
-        "reply": {
-            "tool_calls": [{"name": "write_file", "arguments": {"path": path, "content": content}}]
-        },
-    }
-
-
-def _job(
-    db: Database,
-    settings: Settings,
-    tmp_path: Path,
-    steps: list[dict[str, Any]],
-    rules: list[dict[str, Any]],
-    **tasklist: Any,
-) -> tuple[str, Path]:
-    import yaml
-
-    repo = make_repo(tmp_path / "repo", {"shared.txt": "x\n", "README": "r\n"})
-    script = tmp_path / "script.yaml"
-    script.write_text(yaml.safe_dump({"rules": [*rules, {"reply": {"content": "done"}}]}))
-    config = MerlinConfig(
-        tiers=[Tier(name="local", model=f"scripted/{script}")], limits=Limits(fix_attempts=1)
-    )
-    listed = parse_tasklist({"title": "graph", "steps": steps, **tasklist})
-    return create_job(db, settings, listed, repo, config), repo
-
-
-def _step(key: str, command: str, *needs: str, **more: Any) -> dict[str, Any]:
-    return {
-        "id": key,
-        "step_type": "Feature",
-        "description": f"do {key}",
-        "exit_command": command,
-        "depends_on": list(needs),
-        **more,
-    }
-
-
-def _run(db: Database, settings: Settings, job_id: str, key: str) -> tuple[Outcome, Dispatch]:
-    assert execute_step(db, settings, job_id, key, f"{key}:a") is Outcome.CONTINUE
-    return verify_step(db, settings, job_id, key, f"{key}:v")
-
-
-def _rows(db: Database, job_id: str) -> dict[str, Step]:
-    with db.reader() as session:
-        steps = session.scalars(select(Step).where(Step.job_id == job_id)).all()
-        for step in steps:
-            list(step.attempts)
-        return {step.key: step for step in steps}
-
-
-DIAMOND = [
-    _step("a", "grep -q A a.txt"),
-    _step("b", "grep -q B b.txt", "a"),
-    _step("c", "grep -q C c.txt", "a"),
-    _step("d", "sh -c 'grep -q B b.txt && grep -q C c.txt && grep -q D d.txt'", "b", "c"),
-]
-DIAMOND_RULES = [
-    _write("a.txt", "A\n", r"Step a \("),
-    _write("b.txt", "B\n", r"Step b \("),
-    _write("c.txt", "C\n", r"Step c \("),
-    _write("d.txt", "D\n", r"Step d \("),
-]
+from tests.unit.engine.graph_jobs import DIAMOND, DIAMOND_RULES, job, run, step, step_rows, write
 
 
 def test_a_plain_list_is_a_sequence_and_a_graph_is_as_written() -> None:
-    roots = parse_tasklist({"title": "t", "steps": [_step(k, "true") for k in "abc"]})
+    roots = parse_tasklist({"title": "t", "steps": [step(k, "true") for k in "abc"]})
     assert dependencies(roots.steps) == [[], [], []]  # `depends_on: []`: each starts at once
-    absent = [{k: v for k, v in _step(k, "true").items() if k != "depends_on"} for k in "abc"]
+    absent = [{k: v for k, v in step(k, "true").items() if k != "depends_on"} for k in "abc"]
     plain = parse_tasklist({"title": "t", "steps": absent})
     assert dependencies(plain.steps) == [[], ["a"], ["b"]]  # no depends_on anywhere
     stored = parse_tasklist(plain.model_dump(mode="json"))  # as a job keeps it
@@ -137,19 +68,19 @@ def test_runnable_steps_wait_for_every_dependency_and_the_limit() -> None:
 def test_a_failed_step_skips_what_needs_it_or_stops_the_job(
     db: Database, settings: Settings, tmp_path: Path, policy: str
 ) -> None:
-    job_id, repo = _job(
+    job_id, repo = job(
         db,
         settings,
         tmp_path,
         [*DIAMOND[:2], {**DIAMOND[2], "exit_command": "false", "on_failure": policy}, DIAMOND[3]],
         DIAMOND_RULES,
     )
-    _run(db, settings, job_id, "a")
+    run(db, settings, job_id, "a")
     assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
     assert verify_step(db, settings, job_id, "c", "c:v")[0] is Outcome.RETRY  # a fix first
-    outcome, dispatch = _run(db, settings, job_id, "c")  # no tier left
+    outcome, dispatch = run(db, settings, job_id, "c")  # no tier left
     assert (outcome, dispatch) == (Outcome.STOP, Dispatch())
-    rows = _rows(db, job_id)
+    rows = step_rows(db, job_id)
     assert rows["c"].status == "Failed"
     if policy == "stop":
         assert job_view(db, job_id)["status"] == "failed"
@@ -159,7 +90,7 @@ def test_a_failed_step_skips_what_needs_it_or_stops_the_job(
     assert rows["d"].status == "Skipped"
     assert rows["d"].result == "skipped: needs c, which failed"
     assert rows["b"].status == "Pending"  # the other branch goes on
-    assert _run(db, settings, job_id, "b") == (Outcome.CONTINUE, Dispatch(finalize=True))
+    assert run(db, settings, job_id, "b") == (Outcome.CONTINUE, Dispatch(finalize=True))
     assert finalize_job(db, settings, job_id) == "partially_completed"
     view = job_view(db, job_id)
     assert view["error"] == "failed: c; skipped: d"
@@ -171,11 +102,11 @@ def test_a_failed_step_skips_what_needs_it_or_stops_the_job(
 def test_max_parallel_steps_bounds_what_starts_at_once(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
-    steps = [_step("root", "true")] + [
-        _step(key, f"grep -q {key} {key}.txt", "root") for key in ("p", "q", "r")
+    steps = [step("root", "true")] + [
+        step(key, f"grep -q {key} {key}.txt", "root") for key in ("p", "q", "r")
     ]
-    rules = [_write("root.txt", "r\n", r"Step root \(")] + [
-        _write(f"{key}.txt", f"{key}\n", rf"Step {key} \(") for key in ("p", "q", "r")
+    rules = [write("root.txt", "r\n", r"Step root \(")] + [
+        write(f"{key}.txt", f"{key}\n", rf"Step {key} \(") for key in ("p", "q", "r")
     ]
     import yaml
 
@@ -186,10 +117,10 @@ def test_max_parallel_steps_bounds_what_starts_at_once(
         tiers=[Tier(name="local", model=f"scripted/{script}")], limits=Limits(max_parallel_steps=2)
     )
     job_id = create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), repo, config)
-    assert _run(db, settings, job_id, "root")[1] == Dispatch(("p", "q"))
-    assert _run(db, settings, job_id, "p")[1] == Dispatch(("r",))  # a slot came free
-    assert _run(db, settings, job_id, "q")[1] == Dispatch()
-    assert _run(db, settings, job_id, "r")[1] == Dispatch(finalize=True)
+    assert run(db, settings, job_id, "root")[1] == Dispatch(("p", "q"))
+    assert run(db, settings, job_id, "p")[1] == Dispatch(("r",))  # a slot came free
+    assert run(db, settings, job_id, "q")[1] == Dispatch()
+    assert run(db, settings, job_id, "r")[1] == Dispatch(finalize=True)
     assert finalize_job(db, settings, job_id) == "completed"
 
 
@@ -200,20 +131,20 @@ def test_resume_of_a_partially_completed_job_queues_every_unfinished_branch(
     from merlin_flow.jobs.control import resume_job
 
     failing = {**DIAMOND[2], "exit_command": "false", "on_failure": "continue"}
-    job_id, _ = _job(db, settings, tmp_path, [*DIAMOND[:2], failing, DIAMOND[3]], DIAMOND_RULES)
-    _run(db, settings, job_id, "a")
-    _run(db, settings, job_id, "c")
-    _run(db, settings, job_id, "c")
-    _run(db, settings, job_id, "b")
+    job_id, _ = job(db, settings, tmp_path, [*DIAMOND[:2], failing, DIAMOND[3]], DIAMOND_RULES)
+    run(db, settings, job_id, "a")
+    run(db, settings, job_id, "c")
+    run(db, settings, job_id, "c")
+    run(db, settings, job_id, "b")
     assert finalize_job(db, settings, job_id) == "partially_completed"
     assert resume_job(db, settings, job_id, exit_command="grep -q C c.txt") == "c"
-    rows = _rows(db, job_id)
+    rows = step_rows(db, job_id)
     assert {key: (row.status, row.lease_owner) for key, row in rows.items()} == {
         "a": ("Completed", None),
         "b": ("Completed", None),
         "c": ("Pending", QUEUED),  # its dependency passed: queued at once
         "d": ("Pending", None),  # waits for c again
     }
-    assert _run(db, settings, job_id, "c")[1] == Dispatch(("d",))
-    assert _run(db, settings, job_id, "d")[1] == Dispatch(finalize=True)
+    assert run(db, settings, job_id, "c")[1] == Dispatch(("d",))
+    assert run(db, settings, job_id, "d")[1] == Dispatch(finalize=True)
     assert finalize_job(db, settings, job_id) == "completed"

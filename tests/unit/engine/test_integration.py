@@ -3,75 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select
 
-from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.engine.attempt import execute_step
 from merlin_flow.engine.dispatch import Dispatch, Outcome
 from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.verdict import verify_step
-from merlin_flow.jobs.submission import create_job
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Event, Step
-from merlin_flow.tasklist import parse_tasklist
-from tests.conftest import git, make_repo
-
-
-def _write(path: str, content: str, match: str) -> dict[str, Any]:
-    return {
-        "match": match,
-        "turn": 0,
-        "reply": {
-            "tool_calls": [{"name": "write_file", "arguments": {"path": path, "content": content}}]
-        },
-    }
-
-
-def _job(
-    db: Database,
-    settings: Settings,
-    tmp_path: Path,
-    steps: list[dict[str, Any]],
-    rules: list[dict[str, Any]],
-    **tasklist: Any,
-) -> tuple[str, Path]:
-    import yaml
-
-    repo = make_repo(tmp_path / "repo", {"shared.txt": "x\n", "README": "r\n"})
-    script = tmp_path / "script.yaml"
-    script.write_text(yaml.safe_dump({"rules": [*rules, {"reply": {"content": "done"}}]}))
-    config = MerlinConfig(
-        tiers=[Tier(name="local", model=f"scripted/{script}")], limits=Limits(fix_attempts=1)
-    )
-    listed = parse_tasklist({"title": "graph", "steps": steps, **tasklist})
-    return create_job(db, settings, listed, repo, config), repo
-
-
-def _step(key: str, command: str, *needs: str, **more: Any) -> dict[str, Any]:
-    return {
-        "id": key,
-        "step_type": "Feature",
-        "description": f"do {key}",
-        "exit_command": command,
-        "depends_on": list(needs),
-        **more,
-    }
-
-
-def _run(db: Database, settings: Settings, job_id: str, key: str) -> tuple[Outcome, Dispatch]:
-    assert execute_step(db, settings, job_id, key, f"{key}:a") is Outcome.CONTINUE
-    return verify_step(db, settings, job_id, key, f"{key}:v")
-
-
-def _rows(db: Database, job_id: str) -> dict[str, Step]:
-    with db.reader() as session:
-        steps = session.scalars(select(Step).where(Step.job_id == job_id)).all()
-        for step in steps:
-            list(step.attempts)
-        return {step.key: step for step in steps}
+from merlin_flow.store import Database, Event
+from tests.conftest import git
+from tests.unit.engine.graph_jobs import DIAMOND, DIAMOND_RULES, job, run, step, step_rows, write
 
 
 def _events(db: Database, job_id: str, kind: str) -> list[Event]:
@@ -81,30 +24,16 @@ def _events(db: Database, job_id: str, kind: str) -> list[Event]:
         )
 
 
-DIAMOND = [
-    _step("a", "grep -q A a.txt"),
-    _step("b", "grep -q B b.txt", "a"),
-    _step("c", "grep -q C c.txt", "a"),
-    _step("d", "sh -c 'grep -q B b.txt && grep -q C c.txt && grep -q D d.txt'", "b", "c"),
-]
-DIAMOND_RULES = [
-    _write("a.txt", "A\n", r"Step a \("),
-    _write("b.txt", "B\n", r"Step b \("),
-    _write("c.txt", "C\n", r"Step c \("),
-    _write("d.txt", "D\n", r"Step d \("),
-]
-
-
 def test_a_diamond_runs_its_siblings_from_one_head_and_merges_the_second(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
-    job_id, repo = _job(db, settings, tmp_path, DIAMOND, DIAMOND_RULES)
+    job_id, repo = job(db, settings, tmp_path, DIAMOND, DIAMOND_RULES)
     assert job_view(db, job_id)["steps"][0]["depends_on"] == []
-    assert _run(db, settings, job_id, "a") == (Outcome.CONTINUE, Dispatch(("b", "c")))
+    assert run(db, settings, job_id, "a") == (Outcome.CONTINUE, Dispatch(("b", "c")))
     # b and c start from the same head (a's), as two workers would run them.
     assert execute_step(db, settings, job_id, "b", "b:a") is Outcome.CONTINUE
     assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
-    rows = _rows(db, job_id)
+    rows = step_rows(db, job_id)
     assert rows["b"].attempts[0].start_commit == rows["c"].attempts[0].start_commit
     assert verify_step(db, settings, job_id, "b", "b:v") == (Outcome.CONTINUE, Dispatch())
     # c passed alone, on a branch b has moved: merged onto b, verified again, then d starts.
@@ -116,8 +45,8 @@ def test_a_diamond_runs_its_siblings_from_one_head_and_merges_the_second(
     assert git(repo, "show", f"{head}:b.txt") == "B"  # the merged tree holds both
     assert git(repo, "show", f"{head}:c.txt") == "C"
     assert git(repo, "rev-parse", f"{head}^") == rows["b"].attempts[0].commit  # one parent
-    assert _run(db, settings, job_id, "d") == (Outcome.CONTINUE, Dispatch(finalize=True))
-    assert _rows(db, job_id)["d"].attempts[0].start_commit == head  # d starts with b and c
+    assert run(db, settings, job_id, "d") == (Outcome.CONTINUE, Dispatch(finalize=True))
+    assert step_rows(db, job_id)["d"].attempts[0].start_commit == head  # d starts with b and c
     assert finalize_job(db, settings, job_id) == "completed"
     view = job_view(db, job_id)
     assert [s["depends_on"] for s in view["steps"]] == [[], ["a"], ["a"], ["b", "c"]]
@@ -128,30 +57,30 @@ def test_a_conflict_is_fed_back_and_the_next_attempt_passes(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
     steps = [
-        _step("base", "true"),
-        _step("b", "grep -q B shared.txt", "base"),
-        _step("c", "grep -q C shared.txt", "base"),
+        step("base", "true"),
+        step("b", "grep -q B shared.txt", "base"),
+        step("c", "grep -q C shared.txt", "base"),
     ]
     rules = [
-        _write("base.txt", "base\n", r"Step base \("),
-        _write("shared.txt", "B\nC\n", r"(?s)Step c \(.*moved the job branch"),
-        _write("shared.txt", "B\n", r"Step b \("),
-        _write("shared.txt", "C\n", r"Step c \("),
+        write("base.txt", "base\n", r"Step base \("),
+        write("shared.txt", "B\nC\n", r"(?s)Step c \(.*moved the job branch"),
+        write("shared.txt", "B\n", r"Step b \("),
+        write("shared.txt", "C\n", r"Step c \("),
     ]
-    job_id, repo = _job(db, settings, tmp_path, steps, rules)
-    _run(db, settings, job_id, "base")
+    job_id, repo = job(db, settings, tmp_path, steps, rules)
+    run(db, settings, job_id, "base")
     assert execute_step(db, settings, job_id, "b", "b:a") is Outcome.CONTINUE
     assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
     assert verify_step(db, settings, job_id, "b", "b:v")[0] is Outcome.CONTINUE
     assert verify_step(db, settings, job_id, "c", "c:v")[0] is Outcome.RETRY
-    failed = _rows(db, job_id)["c"].attempts[0]
+    failed = step_rows(db, job_id)["c"].attempts[0]
     assert failed.status == "failed"
     assert failed.error.startswith("integration failed: the step's change conflicts")
     assert "shared.txt" in failed.error
     assert "<<<<<<<" in failed.output_tail
     assert "+C" in failed.output_tail
     assert execute_step(db, settings, job_id, "c", "c:a2") is Outcome.CONTINUE
-    retry = _rows(db, job_id)["c"].attempts[1]
+    retry = step_rows(db, job_id)["c"].attempts[1]
     head = git(repo, "rev-parse", f"merlin/{job_id}")
     assert (retry.kind, retry.start_commit) == ("integrate", head)
     assert "moved the job branch" in retry.feedback
@@ -166,9 +95,9 @@ def test_a_clean_merge_that_breaks_a_siblings_check_is_retried(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
     steps = [
-        _step("base", "true"),
-        _step("b", "sh -c 'grep -q B b.txt && test ! -e breaks-b'", "base"),
-        _step("c", "grep -q C c.txt", "base"),
+        step("base", "true"),
+        step("b", "sh -c 'grep -q B b.txt && test ! -e breaks-b'", "base"),
+        step("c", "grep -q C c.txt", "base"),
     ]
     c_first = {
         "match": r"Step c \(",
@@ -181,13 +110,13 @@ def test_a_clean_merge_that_breaks_a_siblings_check_is_retried(
         },
     }
     rules = [
-        _write("base.txt", "base\n", r"Step base \("),
-        _write("c.txt", "C\n", r"(?s)Step c \(.*moved the job branch"),
-        _write("b.txt", "B\n", r"Step b \("),
+        write("base.txt", "base\n", r"Step base \("),
+        write("c.txt", "C\n", r"(?s)Step c \(.*moved the job branch"),
+        write("b.txt", "B\n", r"Step b \("),
         c_first,
     ]
-    job_id, repo = _job(db, settings, tmp_path, steps, rules)
-    _run(db, settings, job_id, "base")
+    job_id, repo = job(db, settings, tmp_path, steps, rules)
+    run(db, settings, job_id, "base")
     assert execute_step(db, settings, job_id, "b", "b:a") is Outcome.CONTINUE
     assert execute_step(db, settings, job_id, "c", "c:a") is Outcome.CONTINUE
     assert verify_step(db, settings, job_id, "b", "b:v")[0] is Outcome.CONTINUE
@@ -195,10 +124,10 @@ def test_a_clean_merge_that_breaks_a_siblings_check_is_retried(
     # c's own check passes; merged with b, b's check fails: the branch does not move.
     assert verify_step(db, settings, job_id, "c", "c:v")[0] is Outcome.RETRY
     assert git(repo, "rev-parse", f"merlin/{job_id}") == before
-    failed = _rows(db, job_id)["c"].attempts[0]
+    failed = step_rows(db, job_id)["c"].attempts[0]
     assert failed.error.startswith("integration failed: `sh -c 'grep -q B b.txt && test ! -e")
     assert failed.exit_code == 1
-    assert _run(db, settings, job_id, "c")[0] is Outcome.CONTINUE
+    assert run(db, settings, job_id, "c")[0] is Outcome.CONTINUE
     assert finalize_job(db, settings, job_id) == "completed"
     final = git(repo, "rev-parse", f"merlin/{job_id}")
     assert "breaks-b" not in git(repo, "ls-tree", "--name-only", final)

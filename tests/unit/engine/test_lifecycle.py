@@ -9,15 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig, Tier
-from merlin_flow.engine.finalize import fail_job
-from merlin_flow.engine.leases import claim
 from merlin_flow.engine.lifecycle import (
     approve_plan,
     await_approval,
@@ -38,8 +35,6 @@ from merlin_flow.engine.lifecycle import (
 )
 from merlin_flow.errors import TransitionRefused
 from merlin_flow.failures import AttemptKind, FailureKind
-from merlin_flow.jobs.views import job_view
-from merlin_flow.settings import Settings
 from merlin_flow.store import (
     FINAL_JOB_STATUSES,
     RESUMABLE_JOB_STATUSES,
@@ -55,21 +50,6 @@ from merlin_flow.store import (
     utcnow,
 )
 from merlin_flow.store.events import JOB_ENDED, EventKind
-from tests.unit.scripted_jobs import scripted_job
-
-
-def test_fail_job_only_from_the_lease_holder(
-    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
-) -> None:
-    job_id = scripted_job(db, settings, py_repo, tmp_path)
-    with db.reader() as session:
-        step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
-    assert claim(db, step_id, "attempt", "owner", 30)
-    assert not fail_job(db, settings, job_id, "s0", "zombie", "boom")
-    assert job_view(db, job_id)["status"] == "pending"
-    assert fail_job(db, settings, job_id, "s0", "owner", "boom")
-    assert job_view(db, job_id)["status"] == "failed"
-
 
 # -- every named transition from every state ----------------------------------------------
 
@@ -92,10 +72,6 @@ class Transition:
     otherwise: str = REFUSED
     events: tuple[EventKind, ...] = ()
     """What a move records."""
-
-
-def _sibling(session: Session, job: Job, step: Step) -> Step:
-    return session.scalars(select(Step).where(Step.job_id == job.id, Step.id != step.id)).one()
 
 
 TRANSITIONS = [

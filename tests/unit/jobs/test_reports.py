@@ -7,56 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.config import Limits, MerlinConfig, Tier
-from merlin_flow.engine.attempt import execute_step
-from merlin_flow.engine.finalize import finalize_job
-from merlin_flow.engine.verdict import verify_step
 from merlin_flow.jobs.reports import junit_xml, write_atomically
-from merlin_flow.jobs.submission import create_job
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
-from merlin_flow.tasklist import parse_tasklist
-
-SCRIPT = """\
-rules:
-  - match: 'Step fix \\('
-    turn: 0
-    reply:
-      tool_calls:
-        - name: edit_file
-          arguments: {path: app.py, old: "return 41", new: "return 42"}
-  - match: 'Step docs \\('
-    turn: 0
-    reply:
-      tool_calls:
-        - name: write_file
-          arguments: {path: NOTES.md, content: "why and how\\n"}
-  - reply: {content: done}
-"""
-
-
-def _finished_job(
-    db: Database, settings: Settings, repo: Path, tmp_path: Path, exit_command: str, **tier: float
-) -> str:
-    """Two Debug steps with ``exit_command``, worked to the end on one scripted tier."""
-    script = tmp_path / "script.yaml"
-    script.write_text(SCRIPT)
-    config = MerlinConfig(
-        tiers=[Tier(name="local", model=f"scripted/{script}", **tier)],
-        limits=Limits(fix_attempts=0),
-        exit_commands={"Debug": exit_command},
-    )
-    steps = [
-        {"id": "fix", "step_type": "Debug", "description": "answer 42"},
-        {"id": "docs", "step_type": "Debug", "description": "say <why> & how"},
-    ]
-    job_id = create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), repo, config)
-    for key in ("fix", "docs"):
-        execute_step(db, settings, job_id, key, f"{key}:a")
-        verify_step(db, settings, job_id, key, f"{key}:b")
-    finalize_job(db, settings, job_id)
-    return job_id
+from tests.unit.engine.finished_jobs import finished_job
 
 
 def _suite(xml: str) -> ET.Element:
@@ -68,7 +23,7 @@ def _suite(xml: str) -> ET.Element:
 def test_a_completed_step_passes_with_its_attempts_and_exit_command(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    job_id = _finished_job(db, settings, py_repo, tmp_path, "true", price_in=1.0, price_out=1.0)
+    job_id = finished_job(db, settings, py_repo, tmp_path, "true", price_in=1.0, price_out=1.0)
     view = job_view(db, job_id)
     suite = _suite(junit_xml(view))
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("2", "0", "0")
@@ -85,7 +40,7 @@ def test_a_completed_step_passes_with_its_attempts_and_exit_command(
 def test_a_failed_step_is_a_failure_and_the_steps_after_it_are_skipped(
     db: Database, settings: Settings, py_repo: Path, tmp_path: Path
 ) -> None:
-    job_id = _finished_job(db, settings, py_repo, tmp_path, "sh -c \"echo 'boom <&>'; exit 3\"")
+    job_id = finished_job(db, settings, py_repo, tmp_path, "sh -c \"echo 'boom <&>'; exit 3\"")
     view = job_view(db, job_id)
     suite = _suite(junit_xml(view))
     assert [s["status"] for s in view["steps"]] == ["Failed", "Skipped"]

@@ -14,7 +14,7 @@ from merlin_flow.settings import Settings
 from merlin_flow.tool_config import Environment, PermissionRules, Sandbox, SandboxMode
 from merlin_flow.tools.permissions import Permissions
 from merlin_flow.workspace.checkout import Checkout, open_checkout, permission_masks
-from merlin_flow.workspace.repository import repository_of
+from merlin_flow.workspace.repository import JobRepository, repository_of
 from tests.conftest import git
 
 
@@ -87,21 +87,29 @@ def test_masks_do_not_follow_symlinks_out_of_the_worktree(tree: Path) -> None:
 # -- a checkout ------------------------------------------------------------------------------
 
 
+def _config(setup: list[str], **more: Any) -> MerlinConfig:
+    """No model is called: a scripted tier only because a configuration needs one."""
+    return MerlinConfig(
+        tiers=[Tier(name="t", model="scripted/x.yaml")],
+        environment=Environment(setup=setup),
+        sandbox=Sandbox(mode=SandboxMode.NONE),
+        **more,
+    )
+
+
+def _head(repo: Path, tmp_path: Path) -> tuple[Settings, JobRepository, str]:
+    settings = Settings(home=tmp_path / "home")
+    return settings, repository_of(str(repo), settings), git(repo, "rev-parse", "HEAD")
+
+
 def test_a_checkout_of_a_commit_has_its_files_and_goes_at_the_end(
     py_repo: Path, tmp_path: Path
 ) -> None:
-    settings = Settings(home=tmp_path / "home")
-    config = MerlinConfig(
-        tiers=[Tier(name="t", model="scripted/x.yaml")],
-        environment=Environment(setup=[]),
-        sandbox=Sandbox(mode=SandboxMode.NONE),
-        permissions=PermissionRules(deny=["Read(.env)"], ask=["Edit(app.py)"]),
-    )
+    config = _config([], permissions=PermissionRules(deny=["Read(.env)"], ask=["Edit(app.py)"]))
     (py_repo / ".env").write_text("KEY=1\n")
     git(py_repo, "add", ".env")
     git(py_repo, "commit", "-qm", "env")
-    repository = repository_of(str(py_repo), settings)
-    commit = git(py_repo, "rev-parse", "HEAD")
+    settings, repository, commit = _head(py_repo, tmp_path)
     worktree = tmp_path / "wt"
     with open_checkout(settings, config, repository, commit, worktree) as checkout:
         assert checkout.worktree == worktree
@@ -124,14 +132,8 @@ def test_a_checkout_of_a_commit_has_its_files_and_goes_at_the_end(
 
 
 def test_a_failed_setup_checks_nothing_out(py_repo: Path, tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "home")
-    config = MerlinConfig(
-        tiers=[Tier(name="t", model="scripted/x.yaml")],
-        environment=Environment(setup=["echo broken >&2; exit 3"]),
-        sandbox=Sandbox(mode=SandboxMode.NONE),
-    )
-    repository = repository_of(str(py_repo), settings)
-    commit = git(py_repo, "rev-parse", "HEAD")
+    config = _config(["echo broken >&2; exit 3"])
+    settings, repository, commit = _head(py_repo, tmp_path)
     built: list[object] = []
     with (
         pytest.raises(SetupFailed, match="exited with code 3"),
@@ -143,14 +145,8 @@ def test_a_failed_setup_checks_nothing_out(py_repo: Path, tmp_path: Path) -> Non
 
 
 def test_a_built_environment_is_told_once(py_repo: Path, tmp_path: Path) -> None:
-    settings = Settings(home=tmp_path / "home")
-    config = MerlinConfig(
-        tiers=[Tier(name="t", model="scripted/x.yaml")],
-        environment=Environment(setup=['mkdir -p "$MERLIN_ENV/bin"']),
-        sandbox=Sandbox(mode=SandboxMode.NONE),
-    )
-    repository = repository_of(str(py_repo), settings)
-    commit = git(py_repo, "rev-parse", "HEAD")
+    config = _config(['mkdir -p "$MERLIN_ENV/bin"'])
+    settings, repository, commit = _head(py_repo, tmp_path)
     built: list[object] = []
     for name in ("one", "two"):
         with open_checkout(settings, config, repository, commit, tmp_path / name, built.append):
