@@ -291,6 +291,49 @@ def test_the_literal_check_finds_a_bare_status(tmp_path: Path) -> None:
     assert sorted(values) == ["Skipped", "escalated", "execute", "pending", "running"]
 
 
+def _status_writes(path: Path) -> Iterator[int]:
+    """Lines of ``path`` that change a row's status (creating a row in its first is no change)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        if any(isinstance(t, ast.Attribute) and t.attr == "status" for t in targets):
+            yield node.lineno
+        if not isinstance(node, ast.Call):
+            continue
+        func, named = node.func, {k.arg for k in node.keywords}
+        if isinstance(func, ast.Attribute) and func.attr == "values" and "status" in named:
+            yield node.lineno  # update(...).values(status=...)
+        literal = [a.value for a in node.args[1:2] if isinstance(a, ast.Constant)]
+        if isinstance(func, ast.Name) and func.id == "setattr" and literal == ["status"]:
+            yield node.lineno
+
+
+def test_every_status_change_is_a_transition_of_the_lifecycle() -> None:
+    lifecycle = ROOT / "merlin_flow" / "engine" / "lifecycle.py"
+    assert list(_status_writes(lifecycle))  # the writes are found
+    found = sorted(
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _modules().values()
+        if path != lifecycle
+        for line in _status_writes(path)
+    )
+    assert found == []
+
+
+def test_the_status_write_check_finds_each_way_to_write(tmp_path: Path) -> None:
+    source = tmp_path / "writes.py"
+    source.write_text(
+        "def f(job, step, session, update, Step, Job):\n"
+        "    job.status = 'x'\n"
+        "    session.execute(update(Step).values(status='y'))\n"
+        "    setattr(step, 'status', 'z')\n"
+        "    session.add(Job(id='j', status='pending'))\n"  # a row made in its first state
+        "    job.error = 'status'\n"
+    )
+    assert sorted(_status_writes(source)) == [2, 3, 4]
+
+
 CROSS_CUTTING = frozenset(
     {
         "layers", "docs", "deploy", "dependencies", "fuzz", "hostile_output", "migrations",
