@@ -29,3 +29,11 @@ def test_every_variable_the_code_and_the_test_servers_read_is_in_the_table() -> 
     }
     assert "MERLIN_TEST_REDIS_URL" in found
     assert sorted(name for name in found if f"`{name}`" not in TABLE) == []
+
+
+def test_every_event_kind_is_in_the_reference() -> None:
+    from merlin_flow.store.events import EventKind
+
+    kinds = REFERENCE.split("Event kinds", 1)[1].split("\n\n", 1)[0]
+    assert "`job_finished`" in kinds  # the list is read
+    assert [kind.value for kind in EventKind if f"`{kind.value}`" not in kinds] == []
