@@ -4,7 +4,7 @@ A job starts with one chain per step that needs no other (a plain TaskList: its 
 step). When a step passes, its verify task queues the steps whose dependencies have now
 all passed and publishes a chain for each (``workers.tasks``), as children of itself:
 where the graph forks, one verify starts several chains; where it joins, the database
-decides (``lifecycle.start_runnable``, under the job's lock), so the step that needs two
+decides (``dispatch.start_runnable``, under the job's lock), so the step that needs two
 others starts once, after the second of them passed. The verify that ends the last step
 publishes the finalize.
 

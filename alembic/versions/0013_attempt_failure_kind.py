@@ -22,8 +22,9 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("failure_kind", sa.String(length=16), nullable=True))
     # Attempts that ended before this revision said "model unreachable: " in their error
     # when their model could not be used; they keep that meaning.
-    op.execute(
-        "UPDATE attempts SET failure_kind = 'access' WHERE error LIKE 'model unreachable: %'"
+    op.execute(  # substr: case-sensitive on SQLite and Postgres alike, as the prefix was read
+        "UPDATE attempts SET failure_kind = 'access' "
+        "WHERE substr(error, 1, 19) = 'model unreachable: '"
     )
 
 

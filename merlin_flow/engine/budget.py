@@ -252,18 +252,12 @@ def job_guard(db: Database, job_id: str, budget_usd: float | None, limits: Limit
 
 
 def estimate_attempt(
-    db: Database,
-    job_id: str,
-    budget_usd: float,
-    limits: Limits,
-    tier: Tier,
-    step: Step,
-    kind: AttemptKind = AttemptKind.ESCALATE,
+    db: Database, job_id: str, budget_usd: float, limits: Limits, tier: Tier, step: Step
 ) -> float:
-    """The price of the first call of an attempt of ``kind`` at ``step`` on ``tier``.
+    """The price of the first call of an escalation of ``step`` to ``tier``.
 
-    The call is priced as the agent would send it: the step's brief, the feedback such
-    an attempt is given, the built-in tools. BudgetExceeded when the job's budget, less
+    The call is priced as the agent would send it: the step's brief, every earlier
+    failure as feedback, the built-in tools. BudgetExceeded when the job's budget, less
     its spend and its calls in flight, cannot pay for it.
     """
     # Imported here: a submission checks its prices without loading the agent's stack.
@@ -271,6 +265,7 @@ def estimate_attempt(
     from merlin_flow.agents.step_tools import step_brief
     from merlin_flow.tools.schemas import TOOL_SCHEMAS
 
-    messages = first_messages(step_brief(step), feedback_for(kind, step.attempts))
+    feedback = feedback_for(AttemptKind.ESCALATE, step.attempts)
+    messages = first_messages(step_brief(step), feedback)
     guard = BudgetGuard(db, job_id, budget_usd, limits.expected_completion_tokens)
     return guard.check(tier, messages, TOOL_SCHEMAS, "escalating")

@@ -11,9 +11,10 @@ plan, approve, cancel, resume) all change states here. Rows are created in their
 state where they are made (a job ``pending`` or ``planning``, a step ``Pending``, an
 attempt ``running``).
 
-The transitions run under the job's row lock (``held_step.lock_job``) where two tasks of
-one job could race; the lease-held writes that go with them are in
-``merlin_flow.engine.leases``.
+Callers hold the job's row lock (``held_step.lock_job``) where two writers of one job
+could race (a verdict and a cancel, two siblings ending); a worker's writes are also
+conditional on its lease (``merlin_flow.engine.leases``), checked first in the same
+transaction.
 """
 
 from __future__ import annotations

@@ -389,6 +389,6 @@ def _delete_environment(folder: Path) -> None:
 
 
 def _env_slug(location: str) -> str:
-    """The name prefix of a repository's environments (as attempt.step_environment makes it)."""
+    """The name prefix of a repository's environments (as checkout.ready_environment names it)."""
     name = location.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:40] or "repo"

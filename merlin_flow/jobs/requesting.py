@@ -184,14 +184,14 @@ def plan_job(
 
         answer = answer_question(repository, base, config, request, calls)
         with db.session() as session:
-            job = session.get_one(Job, job_id)
+            job = _still_planning(session, job_id)
             job.plan = {"kind": "question", "error": answer.error}
             record_answer(session, job, answer.text, answer.error)
             return JobStatus(job.status)
     made = make_plan(request, config, request_context(repository, base, config, request), calls)
     tasklist = to_tasklist(request, made.steps)
     with db.session() as session:
-        job = session.get_one(Job, job_id)
+        job = _still_planning(session, job_id)
         job.title = tasklist.title
         job.tasklist = tasklist.model_dump(mode="json")
         job.plan = plan_record(made, job.tasklist)
@@ -272,6 +272,18 @@ def reject_job(db: Database, job_id: str, rejected_by: str | None = None) -> Non
 def _job(job: Job | None, job_id: str) -> Job:
     if job is None:
         raise JobNotFoundError(f"no job with id {job_id!r}")
+    return job
+
+
+def _still_planning(session: Session, job_id: str) -> Job:
+    """The job's row, locked; InputError when another planner finished it meanwhile.
+
+    A request is planned where it was submitted, and ``merlin resume`` plans it again if
+    that was cut off: of two planners at once, the second writes nothing.
+    """
+    job = _job(session.get(Job, job_id, with_for_update=True), job_id)
+    if job.status != JobStatus.PLANNING:
+        raise InputError(f"job {job_id} was planned meanwhile (it is {job.status}); kept as is")
     return job
 
 

@@ -40,6 +40,8 @@ class EventKind(StrEnum):
     JOB_BUDGET_EXCEEDED = "job_budget_exceeded"
     JOB_FINISHED = "job_finished"
     """The job was closed: its patch and summary are written."""
+    JOB_COMPLETED = "job_completed"
+    """What the first release wrote at finalize for a completed job: read, never written."""
     STEP_STARTED = "step_started"
     STEP_COMPLETED = "step_completed"
     STEP_FAILED = "step_failed"

@@ -161,8 +161,9 @@ class Attempt(Base):
     output_tail: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
     failure_kind: Mapped[str | None] = mapped_column(String(16))
-    """Why a failed attempt failed (``merlin_flow.failures.FailureKind``); None while it
-    has not failed, and for a failed exit command (a capability failure)."""
+    """Why the attempt failed (``merlin_flow.failures.FailureKind``), as its worker saw it;
+    None when it did not fail, or was closed with its step (``lifecycle.end_job``). The
+    escalation decision reads None as a capability failure."""
     feedback: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[str | None] = mapped_column(Text)
     transcript: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)

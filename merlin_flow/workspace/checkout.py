@@ -39,7 +39,6 @@ from merlin_flow.workspace.sandbox import (
     SandboxMasks,
     python_mounts,
     run_confined,
-    unenforceable,
 )
 
 
@@ -79,10 +78,6 @@ class Checkout:
     def run_exit_command(self, command: str, config: MerlinConfig) -> CommandResult:
         """Run a step's exit command here, as ``config`` says (shell, timeout)."""
         return run_exit_command(command, self.confinement, config)
-
-    def unenforced(self) -> str | None:
-        """What the sandbox cannot keep of this checkout's masks (``mode = "none"``)."""
-        return unenforceable(self.confinement, self.sandbox)
 
 
 def confine(

@@ -10,7 +10,7 @@ sees:
   the whole worktree read-only for a read-only agent), and the project's environment
   read-only at ``/merlin/env`` (writable during setup);
 - the paths ``[permissions]`` denies (``SandboxMasks``, from
-  ``merlin_flow.tools.permissions``): a hidden folder is an empty read-only tmpfs, a hidden
+  ``merlin_flow.workspace.checkout``): a hidden folder is an empty read-only tmpfs, a hidden
   file is ``/dev/null`` on a ``nodev`` mount (opening it fails), a protected path is
   bound read-only onto itself;
 - an environment built from an allowlist: never the worker's keys, tokens or URLs.
@@ -135,7 +135,7 @@ class Confinement:
     """False for a read-only agent: the whole worktree is bound read-only."""
 
     def masked(self, masks: SandboxMasks) -> Confinement:
-        """A copy with ``masks`` (``Permissions.masks``) added to its own."""
+        """A copy with ``masks`` (``checkout.permission_masks``) added to its own."""
         return replace(
             self,
             hidden=(*self.hidden, *masks.hidden),

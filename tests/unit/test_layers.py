@@ -13,7 +13,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from merlin_flow.failures import AttemptKind
+from merlin_flow import _EXPORTS
+from merlin_flow.failures import AttemptKind, FailureKind
 from merlin_flow.store.events import EventKind
 from merlin_flow.store.status import AttemptStatus, JobStatus, Phase, StepStatus
 
@@ -72,6 +73,9 @@ def _graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         targets: set[str] = set()
         for module, names in _imports(path, name):
+            if module == "merlin_flow":  # the public API: each name from its own module
+                targets |= {_EXPORTS[n] for n in names if n in _EXPORTS}
+                names = tuple(n for n in names if n not in _EXPORTS)
             submodules = {f"{module}.{n}" for n in names} & known
             targets |= submodules
             if len(submodules) < len(names) or not names:
@@ -214,13 +218,13 @@ def test_the_top_level_holds_few_modules() -> None:
 
 VOCABULARY = {
     value: enum.__name__
-    for enum in (JobStatus, StepStatus, AttemptStatus, Phase, EventKind, AttemptKind)
+    for enum in (JobStatus, StepStatus, AttemptStatus, Phase, EventKind, AttemptKind, FailureKind)
     for value in enum
 }
 """Every status, phase, event kind and attempt kind, as the database holds them."""
 
 
-FIELDS = frozenset({"status", "phase", "kind", "next_kind"})
+FIELDS = frozenset({"status", "phase", "kind", "next_kind", "failure_kind"})
 """Where a status, a phase, an event kind or an attempt kind is held: columns and keys."""
 
 

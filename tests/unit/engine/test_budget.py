@@ -17,7 +17,7 @@ from sqlalchemy import event, select
 
 from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.engine.attempt import execute_step
-from merlin_flow.engine.budget import BudgetGuard
+from merlin_flow.engine.budget import BudgetGuard, estimate_attempt
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.verdict import verify_step
 from merlin_flow.errors import BudgetExceeded
@@ -47,6 +47,22 @@ def test_budget_refuses_the_first_call_it_cannot_pay(
     assert view["steps"][0]["attempts"][0]["status"] == "error"
     with db.reader() as session:
         assert session.scalars(select(LlmCall)).all() == []  # nothing was sent
+
+
+def test_an_escalation_is_priced_as_its_first_call_and_refused_past_the_budget(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    config = MerlinConfig(tiers=[priced_tier(tmp_path, price_out=1.0)])
+    job_id = create_job(db, settings, parse_tasklist(ONE_STEP), py_repo, config, budget_usd=1.0)
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    tier = config.tiers[0]
+    with db.reader() as session:
+        step = session.get_one(Job, job_id).steps[0]
+        price = estimate_attempt(db, job_id, 1.0, config.limits, tier, step)
+        # Its prompt: the brief, the failures so far, the tools; its completion: the mean.
+        assert 0 < price < 0.01
+        with pytest.raises(BudgetExceeded, match="escalating on tier 'local'"):
+            estimate_attempt(db, job_id, price / 2, config.limits, tier, step)
 
 
 def test_a_budget_that_covers_the_job_lets_it_finish(

@@ -173,6 +173,38 @@ def test_planning_cut_off_is_replayed_from_the_journal(
     assert _job(db, job_id).plan["answers"] == [PLAN]  # type: ignore[index]
 
 
+def test_of_two_planners_at_once_the_second_writes_nothing(
+    db: Database, settings: Settings, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume plans a job its first planner is still planning: one plan is kept."""
+    import merlin_flow.jobs.requesting as requesting
+
+    def die(*_args: Any) -> Any:
+        raise SystemExit("killed")
+
+    monkeypatch.setattr(requesting, "to_tasklist", die)
+    with pytest.raises(SystemExit):
+        submit_request(db, settings, REQUEST, str(repo))
+    monkeypatch.undo()
+    with db.reader() as session:
+        job_id = session.scalars(select(Job.id)).one()
+    planned = requesting.make_plan
+
+    def meanwhile(*args: Any) -> Any:
+        made = planned(*args)
+        monkeypatch.setattr(requesting, "make_plan", planned)  # the other planner's own
+        assert plan_job(db, settings, job_id) == JobStatus.AWAITING_APPROVAL
+        approve_job(db, settings, job_id, approved_by="ada")
+        return made
+
+    monkeypatch.setattr(requesting, "make_plan", meanwhile)
+    with pytest.raises(InputError, match=f"job {job_id} was planned meanwhile .it is pending."):
+        plan_job(db, settings, job_id)
+    job = _job(db, job_id)
+    assert job.status == JobStatus.PENDING  # approved, not reset to awaiting approval
+    assert job.plan["approved_by"] == "ada"  # type: ignore[index]
+
+
 def test_a_single_action_is_one_step_approved_with_no_model_call(
     db: Database, settings: Settings, repo: Path
 ) -> None:

@@ -15,6 +15,7 @@ from merlin_flow.tool_config import Environment, PermissionRules, Sandbox, Sandb
 from merlin_flow.tools.permissions import Permissions
 from merlin_flow.workspace.checkout import Checkout, open_checkout, permission_masks
 from merlin_flow.workspace.repository import JobRepository, repository_of
+from merlin_flow.workspace.sandbox import unenforceable
 from tests.conftest import git
 
 
@@ -122,7 +123,7 @@ def test_a_checkout_of_a_commit_has_its_files_and_goes_at_the_end(
         assert str(worktree) in result.output_tail
         assert "return 41" in result.output_tail
         assert checkout.run_exit_command("false", config).exit_code == 1
-        warning = checkout.unenforced() or ""
+        warning = unenforceable(checkout.confinement, checkout.sandbox) or ""
         assert ".env" in warning  # mode none cannot hide it: said, not hidden
         reader = checkout.read_only()
         assert not reader.confinement.worktree_writable
