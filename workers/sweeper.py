@@ -15,6 +15,7 @@ import json
 import logging
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import create_engine, inspect, text
@@ -22,7 +23,7 @@ from sqlalchemy import create_engine, inspect, text
 from merlin_flow.engine.presence import beat, leave
 from merlin_flow.engine.recovery import Messages, grace, sweep
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database
+from merlin_flow.store import Database, utcnow
 from merlin_flow.workspace.worktree_cleanup import clear_ended, clear_setups
 from workers.canvas import enqueue_job
 from workers.tasks import ALL_QUEUES, STEP_TASK, VERIFY_TASK
@@ -120,17 +121,19 @@ def broker_messages(settings: Settings) -> Messages | None:
     return None
 
 
-def run_sweep(db: Database, settings: Settings) -> list[str]:
+def run_sweep(db: Database, settings: Settings, watched_since: datetime | None = None) -> list[str]:
     """One sweep: re-enqueue lost steps, purge delivered rows, clear ended jobs' worktrees.
 
-    Lost steps are those of lost workers and lost messages; the worktrees are this
-    machine's (``merlin_flow.workspace.worktree_cleanup``). A failure of the last is only logged.
+    Lost steps are those of lost workers and lost messages (``watched_since``: when this
+    sweeper started reading the broker); the worktrees are this machine's
+    (``merlin_flow.workspace.worktree_cleanup``). A failure of the last is only logged.
     """
     recovered = sweep(
         db,
         settings,
         lambda job_id, key: enqueue_job(db, job_id, key),
         lambda: broker_messages(settings),
+        watched_since,
     )
     if recovered:
         log.warning("recovery sweep re-enqueued jobs %s", ", ".join(recovered))
@@ -164,6 +167,8 @@ class Sweeper(threading.Thread):
         self._worker = name
         self._queues = queues
         self._stop_event = threading.Event()
+        self._since = utcnow()
+        """When this sweeper began to watch the broker (the grace of a lost message)."""
 
     def run(self) -> None:
         """Beat and sweep until stopped; a failure is logged and retried next interval."""
@@ -171,7 +176,7 @@ class Sweeper(threading.Thread):
             interval = self._settings.sweep_interval
             try:
                 beat(self._db, self._worker, self._queues)
-                run_sweep(self._db, self._settings)
+                run_sweep(self._db, self._settings, self._since)
             except Exception:  # a connection cut mid-sweep, mostly: try again soon
                 log.exception("recovery sweep failed")
                 interval = min(interval, RETRY_SECONDS)

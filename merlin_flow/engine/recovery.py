@@ -36,8 +36,11 @@ the database it looks the same as a step that kills its worker.
 caller can read the broker (``messages``), a queued step whose message is neither in a
 queue nor just delivered, ``grace`` seconds after it was queued, lost it (its publisher
 or the worker it was delivered to died first): it is published again at once, without
-counting. Otherwise, and on a broker that cannot be read, a ``QUEUED`` lease that
-outlives ``handoff_seconds`` is published again. A duplicate message is harmless:
+counting. The grace counts from when the sweeper began to watch (``watched_since``) if
+that is later: a worker that boots after a job was queued (``merlin run``) takes the
+message before its first sweep and claims the step a moment later. Otherwise, and on a
+broker that cannot be read, a ``QUEUED`` lease that outlives ``handoff_seconds`` is
+published again. A duplicate message is harmless:
 whichever message comes second finds the lease or the phase changed and stops.
 """
 
@@ -113,11 +116,13 @@ def sweep(
     settings: Settings,
     enqueue: Callable[[str, str | None], object],
     messages: Callable[[], Messages | None] | None = None,
+    watched_since: datetime | None = None,
 ) -> list[str]:
     """Re-enqueue the steps that lost their worker or their message; return their jobs' ids.
 
     ``enqueue(job_id, step_key)`` publishes a step's chain (the finalize for None);
-    ``messages()`` lists what the broker holds (None: it cannot tell). Every step of a
+    ``messages()`` lists what the broker holds (None: it cannot tell), as watched since
+    ``watched_since`` (the sweeper's start; see the module doc). Every step of a
     job is looked at: steps of one job run at once, and each holds its own lease. A job
     whose steps all finished, or that ended, is finalized if it was not.
     """
@@ -147,7 +152,8 @@ def sweep(
                 lost = (
                     on_broker is not None
                     and step.lease_owner == QUEUED
-                    and expires - handoff < now - wait  # queued more than ``grace`` ago
+                    # queued (or watched) more than ``grace`` ago
+                    and max(expires - handoff, watched_since or expires - handoff) < now - wait
                     and (job.id, step.key) not in on_broker
                 )
                 gone = step.lease_owner != QUEUED and process_gone(step.lease_owner)

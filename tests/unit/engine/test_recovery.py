@@ -307,6 +307,18 @@ def test_a_message_just_queued_is_not_taken_for_lost(
     assert sweep(db, settings, lambda *_: None, set) == []
 
 
+def test_a_message_taken_by_a_worker_that_just_booted_is_not_taken_for_lost(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    """`merlin run`: the job was queued, then its worker booted and took the message."""
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    _queued(db, job_id, grace(settings) + 5, settings)  # queued before the worker booted
+    booted = utcnow() - timedelta(seconds=1)  # its sweeper watches since then
+    assert sweep(db, settings, lambda *_: None, set, watched_since=booted) == []
+    watching = utcnow() - timedelta(seconds=grace(settings) + 1)  # long enough to tell
+    assert sweep(db, settings, lambda *_: None, set, watched_since=watching) == [job_id]
+
+
 def _send(broker: str, job_id: str, key: str, task: str = "merlin.step") -> Any:
     from celery import Celery
 
