@@ -348,7 +348,16 @@ def replay(
     guarded(work)
 
 
-def demo() -> None:
+def demo(
+    on_workers: Annotated[
+        bool,
+        typer.Option(
+            "--submit",
+            help="Give the job to your workers (`merlin worker`) instead of working it "
+            "here, and follow it: its two parallel steps then run side by side.",
+        ),
+    ] = False,
+) -> None:
     """Run a bundled 3-step job with scripted models, showing a tier escalation."""
 
     def work() -> None:
@@ -367,7 +376,14 @@ def demo() -> None:
         console.print(f"throwaway repository: {demo_repo}")
         job_id = create_job(db, settings, tasklist, demo_repo, config)
         try:
-            run_embedded(db, job_id, as_json=False)
+            if on_workers:
+                enqueue(db, job_id)
+                console.print(f"job {job_id} submitted to the workers")
+                warn_if_no_worker(db, job_id)
+                with stop_waiting_on_interrupt(job_id):
+                    finish(db, job_id, as_json=False)
+            else:
+                run_embedded(db, job_id, as_json=False)
         finally:
             show_diff(db, job_id)
 

@@ -3,7 +3,10 @@
 The bundled example (``examples/demo``) is a small Python project whose ``mean()``
 truncates. The TaskList has three steps; the models are scripted: the cheap tier's
 first fix and its repair both fail pytest, so the step escalates to the premium tier,
-which passes. The other two steps pass on the cheap tier.
+which passes. The other two steps pass on the cheap tier; on workers
+(``merlin demo --submit``) they run side by side, and the second to pass is merged onto
+the first. The scripts answer every attempt the engine may ask for (a catch-all rule
+finishes any other), so no call is left unanswered.
 """
 
 from __future__ import annotations
