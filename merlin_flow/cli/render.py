@@ -122,23 +122,35 @@ def steps_lines(view: JobView, stalled: bool = False) -> Text:
 
 
 def failure_notes(view: JobView) -> Text:
-    """For each step whose latest attempt failed its exit command: the output's last lines.
+    """The evidence of each failing step: its exit command's exit code and last lines.
 
-    Only the tail fits here; ``merlin logs JOB --step ID`` has the rest.
+    For a step still trying, its latest attempt if that failed its exit command; for a
+    step that failed for good, the last attempt whose exit command failed, then what
+    the attempts after it did (changed nothing, could not reach a model...). Only the
+    tail fits here; ``merlin logs JOB --step ID`` has the rest.
     """
     text = Text()
     for step in view["steps"]:
         attempts = step["attempts"]
-        last = attempts[-1] if attempts else None
-        if last is None or last["status"] not in FAILED or not last["exit_code"]:
+        ran = [a for a in attempts if a["status"] in FAILED and a["exit_code"]]
+        shown = ran[-1] if ran else None
+        if shown is None or (step["status"] != StepStatus.FAILED and shown is not attempts[-1]):
             continue
-        lines = (last["output_tail"] or "").rstrip().splitlines()[-FAILURE_LINES:]
+        lines = (shown["output_tail"] or "").rstrip().splitlines()[-FAILURE_LINES:]
         text.append(
-            f"\n{step['id']}: `{step['exit_command']}` exited with code {last['exit_code']} "
-            f"(attempt {last['number']}, tier {last['tier']}); last lines:\n",
+            f"\n{step['id']}: `{step['exit_command']}` exited with code "
+            f"{shown['exit_code']} (attempt {shown['number']}, tier {shown['tier']}); "
+            "last lines:\n",
             style="red",
         )
         text.append("".join(f"  {line}\n" for line in lines), style="dim")
+        later = attempts[attempts.index(shown) + 1 :]
+        for attempt in later if step["status"] == StepStatus.FAILED else []:
+            text.append(
+                f"  then attempt {attempt['number']} ({attempt['kind']}@{attempt['tier']}): "
+                f"{attempt['error'] or 'failed'}\n",
+                style="red",
+            )
         text.append(f"  all of it: merlin logs {view['id']} --step {step['id']}\n")
     return text
 

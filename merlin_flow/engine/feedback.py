@@ -2,21 +2,27 @@
 
 The failure's kind is stored on the attempt when it ends (``Attempt.failure_kind``);
 ``failure_of`` reads it back for ``merlin_flow.failures.decide``. ``feedback_for`` writes
-the text a fix, an integration or an escalation starts from.
+the text a fix, an integration or an escalation starts from; ``step_failure`` what a
+step that failed for good tells its job (and the person reading it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from merlin_flow.failures import AttemptKind, Failure, FailureKind
 from merlin_flow.store.status import AttemptStatus
 
 if TYPE_CHECKING:
-    from merlin_flow.store import Attempt
+    from merlin_flow.store import Attempt, Step
 
 FEEDBACK_CHARS = 6000
 OLDER_ATTEMPT_CHARS = 800
+LAST_LINE_CHARS = 200
+"""The most of a command's last line a reason quotes."""
+TAIL_LINES = 5
+"""Lines of the decisive output a step's failure quotes (``merlin logs`` has the rest)."""
 
 INTEGRATE_GUIDANCE = (
     "\nSteps of this job that ran beside this one passed first and moved the job branch. "
@@ -32,10 +38,54 @@ def failure_of(attempt: Attempt) -> Failure:
 
 
 def failure_reason(attempt: Attempt) -> str:
-    """A one-line reason for a failed attempt."""
+    """A one-line reason for a failed attempt: its error, or its exit command's outcome.
+
+    A failed exit command is named with its exit code and the last line it printed
+    (pytest's count, a linter's total), which is what a person looks for first.
+    """
     if attempt.error:
         return attempt.error
-    return f"exit command failed with exit code {attempt.exit_code}"
+    said = last_line(attempt.output_tail)
+    return f"`{attempt.step.exit_command}` exited with code {attempt.exit_code}" + (
+        f": {said}" if said else ""
+    )
+
+
+def last_line(output: str | None, chars: int = LAST_LINE_CHARS) -> str:
+    """The last non-empty line of a command's output: its last ``chars`` if it is long."""
+    lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
+    return lines[-1][-chars:] if lines else ""
+
+
+def decisive_attempt(attempts: Sequence[Attempt]) -> Attempt | None:
+    """The last attempt whose verification failed (exit command, merge re-check, specs)."""
+    return next((a for a in reversed(attempts) if a.status == AttemptStatus.FAILED), None)
+
+
+def step_failure(step: Step) -> str:
+    """Why a step failed for good: the last verification that failed, and what came after.
+
+    The decisive evidence is the last attempt whose verification failed (its exit
+    command, the re-check of a merged tree, the spec check), with its output's last
+    lines; attempts after it that could not even be verified (no change, a model error)
+    follow, each with its reason. Without any verification failure, the last attempt's
+    reason is all there is.
+    """
+    attempts = list(step.attempts)
+    decisive = decisive_attempt(attempts)
+    if decisive is None:
+        return failure_reason(attempts[-1]) if attempts else "no attempt ran"
+    lines = [line for line in (decisive.output_tail or "").splitlines() if line.strip()]
+    text = f"attempt {decisive.number} ({decisive.kind} on tier {decisive.tier}): " + (
+        failure_reason(decisive)
+    )
+    text += "".join(f"\n    {line}" for line in lines[-TAIL_LINES:])
+    later = attempts[attempts.index(decisive) + 1 :]
+    if later:
+        text += "\nthen " + "; ".join(
+            f"attempt {a.number} ({a.kind} on tier {a.tier}): {failure_reason(a)}" for a in later
+        )
+    return text
 
 
 def _describe(attempt: Attempt, chars: int) -> str:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.budget import estimate_attempt
 from merlin_flow.engine.dispatch import Dispatch, Outcome, start_runnable
-from merlin_flow.engine.feedback import failure_of, failure_reason
+from merlin_flow.engine.feedback import failure_of, step_failure
 from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.held_step import HeldStep, load_step, lock_job
 from merlin_flow.engine.integration import (
@@ -348,7 +348,7 @@ def _plan_next(
         return False, Dispatch()
     if nxt.action not in (Action.FIX, Action.ESCALATE):
         release_step(session, held.step_id, held.token)
-        reason = f"step {step.key} failed on every tier: {failure_reason(attempt)}"
+        reason = f"step {step.key} failed on every tier: {step_failure(step)}"
         if step.on_failure == OnFailure.CONTINUE:
             job = session.get_one(Job, held.job_id)
             fail_step(session, job, step, reason)

@@ -56,7 +56,9 @@ def junit_xml(view: JobView) -> str:
         )
         if step["status"] == StepStatus.FAILED:
             failure = ET.SubElement(case, "failure", message=(step["error"] or "failed")[:500])
-            last = step["attempts"][-1] if step["attempts"] else None
+            # The decisive output: the last attempt whose exit command failed.
+            ran = [a for a in step["attempts"] if a["exit_code"]]
+            last = ran[-1] if ran else (step["attempts"][-1] if step["attempts"] else None)
             tail = (last["output_tail"] if last else None) or ""
             failure.text = f"{attempts}\n\n{tail}".strip()
         elif step["status"] != StepStatus.COMPLETED:

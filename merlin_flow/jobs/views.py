@@ -15,6 +15,7 @@ from merlin_flow.engine.graph import is_complete, is_finished, waiting_on
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.failures import AttemptKind
 from merlin_flow.jobs.costs import UNPRICED, CostFields, cost_fields
+from merlin_flow.jobs.evidence import FailureView, failure_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
     Attempt,
@@ -111,6 +112,8 @@ class JobView(CostFields):
     """How the request was planned and approved (``requesting.plan_record``)."""
     answer: str | None
     """A question's answer."""
+    failure: FailureView | None
+    """Why the job failed, when a step failed: ``merlin status --json``'s evidence."""
 
 
 class JobListEntry(TypedDict):
@@ -237,6 +240,7 @@ def job_view(db: Database, job_id: str) -> JobView:
             "request": job.request,
             "plan": job.plan,
             "answer": job.answer,
+            "failure": failure_view(job.steps),
         }
 
 

@@ -134,6 +134,7 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     assert failure is not None
     assert "failed on every tier" in (failure.get("message") or "")
     assert "attempt 3: escalate@premium -> error" in (failure.text or "")
+    failure.text = failure.text or ""
     assert patch.read_text() == ""
     attempts = view["steps"][0]["attempts"]
     assert [(a["kind"], a["tier"], a["status"]) for a in attempts] == [
@@ -156,7 +157,17 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     step_line = next(line for line in lines if line.startswith("  fix · Debug · Failed · "))
     assert "escalate@premium ✗  fix@premium ✗ · exit command: python -m pytest -q" in step_line
     assert len(step_line) > 80
-    assert f"error: {view['error']}" in lines
+    assert f"error: {view['error'].splitlines()[0]}" in lines
+    # The cause, even though the last attempts never reached their model: the failing
+    # exit command, its last lines, then what came after (status, --json, the outcome).
+    assert view["error"].startswith(
+        "step fix failed on every tier: attempt 2 (fix on tier local): "
+        "`python -m pytest -q` exited with code 1: 1 failed in "
+    )
+    assert "FAILED test_app.py::test_answer - assert 43 == 42" in view["error"]
+    assert "then attempt 3 (escalate on tier premium): model call failed" in view["error"]
+    assert (view["failure"]["attempt"], view["failure"]["exit_code"]) == (2, 1)
+    assert "FAILED test_app.py::test_answer - assert 43 == 42" in failure.text
 
 
 def _normalized(text: str) -> list[str]:

@@ -17,6 +17,7 @@ def attempt(
     error: str | None = None,
     output_tail: str | None = None,
     failure_kind: str | None = None,
+    command: str = "python -m pytest -q",
 ) -> Any:
     return SimpleNamespace(
         number=number,
@@ -27,4 +28,5 @@ def attempt(
         error=error,
         output_tail=output_tail,
         failure_kind=failure_kind,
+        step=SimpleNamespace(exit_command=command),
     )

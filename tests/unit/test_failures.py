@@ -9,7 +9,7 @@ import pytest
 from merlin_flow.config import Limits
 from merlin_flow.engine.feedback import failure_reason
 from merlin_flow.failures import Action, AttemptKind, Decision, Failure, FailureKind, decide
-from merlin_flow.store import Attempt
+from merlin_flow.store import Attempt, Step
 from tests.unit.attempts import attempt
 
 E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
@@ -19,7 +19,7 @@ def history(*kinds: AttemptKind) -> list[Any]:
     return [attempt(n, kind) for n, kind in enumerate(kinds, start=1)]
 
 
-REASON = "exit command failed with exit code 1"
+REASON = "`python -m pytest -q` exited with code 1"
 
 
 def NextAttempt(kind: AttemptKind, tier_index: int, reason: str) -> Decision:
@@ -77,6 +77,8 @@ def test_decide_with_real_attempt_rows() -> None:
         Attempt(number=1, kind="execute", tier="local", status="failed", exit_code=2),
         Attempt(number=2, kind="fix", tier="local", status="error", error="turn limit"),
     ]
+    step = Step(key="s", exit_command="make check")
+    step.attempts.extend(rows)
     first = failure_reason(rows[0])
     assert after_attempts(rows[:1], 0, 2, 1, first) == NextAttempt(F, 0, first)
     assert after_attempts(rows, 0, 2, 1, failure_reason(rows[1])) == NextAttempt(X, 1, "turn limit")

@@ -11,7 +11,7 @@ E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
 
 def test_failure_reason_prefers_error() -> None:
     assert failure_reason(attempt(1, E, error="model refused")) == "model refused"
-    assert failure_reason(attempt(1, E, exit_code=3)) == "exit command failed with exit code 3"
+    assert failure_reason(attempt(1, E, exit_code=3)) == "`python -m pytest -q` exited with code 3"
 
 
 # --- feedback_for ----------------------------------------------------------------------
@@ -34,7 +34,7 @@ def test_fix_gets_only_the_last_failure() -> None:
     text = feedback_for(F, attempts)
     assert text is not None
     assert "FIRST OUTPUT" not in text
-    assert "Attempt 2 (fix on tier local): exit command failed with exit code 4" in text
+    assert "Attempt 2 (fix on tier local): `python -m pytest -q` exited with code 4" in text
     assert "Output (tail):\nSECOND OUTPUT\n" in text
     assert text.endswith("repair them.")
 
@@ -56,10 +56,10 @@ def test_escalate_gets_all_failures() -> None:
     text = feedback_for(X, attempts)
     assert text is not None
     for expected in (
-        "Attempt 1 (execute on tier local): exit command failed with exit code 1",
+        "Attempt 1 (execute on tier local): `python -m pytest -q` exited with code 1",
         "OUT-ONE",
         "Attempt 2 (fix on tier local): turn limit",
-        "Attempt 3 (fix on tier local): exit command failed with exit code 5",
+        "Attempt 3 (fix on tier local): `python -m pytest -q` exited with code 5",
         "OUT-THREE",
     ):
         assert expected in text
