@@ -40,6 +40,7 @@ from merlin_flow.store import (
 )
 from merlin_flow.store.events import EventKind, add_event
 from merlin_flow.tasklist import StepType, TaskList
+from merlin_flow.workspace.exit_commands import refuse_shell_syntax
 from merlin_flow.workspace.repository import repository_of
 
 
@@ -128,6 +129,7 @@ def resume_job(
             job.config = new_config.model_dump(mode="json")
         changes = _changes(first, exit_command, new_config if config is not None else None)
         if exit_command is not None:
+            refuse_shell_syntax(exit_command, new_config.shell, "--exit-command")
             first.exit_command = exit_command
         if tier_index is not None:
             first.tier_index = tier_index

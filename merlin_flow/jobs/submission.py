@@ -32,7 +32,7 @@ from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
 from merlin_flow.store.database import write_patiently
 from merlin_flow.store.events import EventKind, add_event
 from merlin_flow.tasklist import TaskList, load_tasklist
-from merlin_flow.workspace.exit_commands import exit_command_for
+from merlin_flow.workspace.exit_commands import exit_command_for, refuse_shell_syntax
 from merlin_flow.workspace.git import job_branch, uncommitted_files
 from merlin_flow.workspace.repository import (
     JobRepository,
@@ -266,11 +266,19 @@ def add_steps(
 
 
 def check_exit_commands(tasklist: TaskList, config: MerlinConfig, commands: list[str]) -> None:
-    """InputError when a `Bash(...)` deny or ask rule refuses a step's exit command."""
+    """InputError when a step's exit command would not run as written.
+
+    It uses shell syntax without `shell = true`, or a `Bash(...)` deny or ask rule
+    refuses it.
+    """
     from merlin_flow.tools.permissions import Permissions
 
     permissions = Permissions(config.permissions)
     for step, command in zip(tasklist.steps, commands, strict=True):
+        where = f"step {step.id}: its exit command"
+        if step.exit_command is None and config.exit_commands.get(step.step_type) == command:
+            where = f"[exit_commands] {step.step_type.value} in {config.source or 'merlin.toml'}:"
+        refuse_shell_syntax(command, config.shell, where)
         refusal = permissions.check_command(command)
         if refusal is not None:
             raise InputError(f"step {step.id}: its exit command cannot run: {refusal}")

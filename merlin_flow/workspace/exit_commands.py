@@ -96,6 +96,44 @@ def exit_command_for(step: TaskStep, config: MerlinConfig, repo: Path) -> str:
     return DEFAULT_EXIT_COMMANDS[kind][step.step_type]
 
 
+SHELL_PUNCTUATION = frozenset(";&|<>()")
+"""Characters of shell control and redirection operators (outside quotes)."""
+
+
+def shell_syntax(command: str) -> str | None:
+    """The shell operator ``command`` uses outside quotes; None for a plain program.
+
+    Operators: ``&&``, ``||``, ``;``, ``|``, ``&``, redirections, ``$(``, backquotes.
+    Without ``shell = true`` such a command would not do what it says: split into words,
+    ``echo failed; exit 1`` runs ``echo`` with four arguments and passes.
+    """
+    lexer = shlex.shlex(command, posix=False, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        for token in lexer:
+            if token[:1] in ("'", '"'):
+                continue  # quoted: a word, whatever it holds
+            if set(token) <= SHELL_PUNCTUATION:
+                return token
+            if "`" in token or "$(" in token:
+                return "`" if "`" in token else "$("
+    except ValueError:
+        return None  # unbalanced quotes: split_command says so when it runs
+    return None
+
+
+def refuse_shell_syntax(command: str, shell: bool, where: str) -> None:
+    """ConfigError when ``command`` needs a shell that ``shell = false`` would not give it."""
+    found = None if shell else shell_syntax(command)
+    if found is not None:
+        raise ConfigError(
+            f"{where} `{command}` uses shell syntax (`{found}`), and exit commands run "
+            "without a shell unless merlin.toml sets `shell = true`: set it (exit commands "
+            "then run with /bin/sh -c, in the sandbox), or write the command without "
+            f"`{found}` (one program and its arguments; `sh -c '...'` is one)"
+        )
+
+
 def split_command(command: str, shell: bool) -> list[str]:
     """Argv for ``command``: shlex-split, or ``/bin/sh -c`` when the config asks for a shell."""
     if shell:

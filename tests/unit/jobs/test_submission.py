@@ -255,3 +255,44 @@ def test_a_commit_that_lands_late_is_taken_for_landed(
 
     database.write_patiently(db, write, landed, "job abc")
     assert looks == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("step", "toml", "refused"),
+    [
+        (
+            ", exit_command: 'pytest -q && ruff check .'",
+            "",
+            r"step fix: its exit command `pytest -q && ruff check \.` uses shell syntax \(`&&`\)",
+        ),
+        (
+            "",
+            '[exit_commands]\nDebug = "echo failed; exit 1"\n',
+            r"\[exit_commands\] Debug in .*merlin.toml: `echo failed; exit 1` uses shell syntax",
+        ),
+        (", exit_command: 'pytest -q && ruff check .'", "shell = true\n", None),
+    ],
+    ids=["a step's own", "the [exit_commands] default", "with shell = true"],
+)
+def test_an_exit_command_in_shell_syntax_runs_with_a_shell_or_is_refused(
+    db: Database,
+    settings: Settings,
+    py_repo: Path,
+    tmp_path: Path,
+    step: str,
+    toml: str,
+    refused: str | None,
+) -> None:
+    config, tasklist = _job_files(tmp_path, tmp_path)
+    config.write_text(toml + config.read_text())
+    tasklist.write_text(
+        f"title: t\nsteps:\n  - {{id: fix, step_type: Debug, description: d{step}}}\n"
+    )
+    if refused is None:
+        assert submit_job(db, settings, tasklist, str(py_repo), config).job_id
+        return
+    with pytest.raises(ConfigError, match=refused) as error:
+        submit_job(db, settings, tasklist, str(py_repo), config)
+    assert "set it (exit commands then run with /bin/sh -c" in str(error.value)
+    assert error.value.exit_code == 2
+    assert _jobs(db) == 0

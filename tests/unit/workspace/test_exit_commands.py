@@ -14,6 +14,8 @@ from merlin_flow.workspace.exit_commands import (
     ProjectKind,
     detect_project_kind,
     exit_command_for,
+    refuse_shell_syntax,
+    shell_syntax,
     split_command,
 )
 
@@ -148,3 +150,32 @@ def test_split_empty_command(command: str) -> None:
 def test_split_unbalanced_quotes() -> None:
     with pytest.raises(ConfigError, match="cannot parse exit command"):
         split_command("echo 'oops", shell=False)
+
+
+@pytest.mark.parametrize(
+    ("command", "found"),
+    [
+        ("echo failed; exit 1", ";"),
+        ("pytest -q && ruff check .", "&&"),
+        ("make || true", "||"),
+        ("pytest | tee log", "|"),
+        ("pytest > out.txt", ">"),
+        ("pytest 2>&1", ">&"),
+        ("echo $(date)", "("),
+        ("echo `date`", "`"),
+        ("sleep 1 &", "&"),
+        ("python -m pytest -q", None),
+        ("cargo clippy -- -D warnings", None),
+        ("sh -c 'grep -q B b.txt && grep -q C c.txt'", None),  # quoted: one argument
+        ('python -c "print(1); print(2)"', None),
+        ("grep -q 'a|b' notes.txt", None),
+    ],
+)
+def test_shell_syntax_is_found_outside_quotes(command: str, found: str | None) -> None:
+    assert shell_syntax(command) == found
+
+
+def test_a_command_with_shell_syntax_is_refused_without_a_shell() -> None:
+    with pytest.raises(ConfigError, match=r"step s: its exit command `echo failed; exit 1` uses"):
+        refuse_shell_syntax("echo failed; exit 1", False, "step s: its exit command")
+    refuse_shell_syntax("echo failed; exit 1", True, "step s")  # `shell = true`: it runs so
