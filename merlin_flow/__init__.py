@@ -46,7 +46,7 @@ _EXPORTS: dict[str, str] = {
     "cancel_job": "merlin_flow.jobs.control",
     "resume_job": "merlin_flow.jobs.control",
     "job_costs": "merlin_flow.jobs.costs",
-    "job_logs": "merlin_flow.jobs.views",
+    "job_logs": "merlin_flow.jobs.logs",
     "prune": "merlin_flow.jobs.pruning",
     "PruneReport": "merlin_flow.jobs.pruning",
     "live_workers": "merlin_flow.engine.presence",

@@ -32,6 +32,8 @@ from merlin_flow.models.llm import Completion, ModelCall, complete
 from merlin_flow.tools.text_calls import text_tool_calls
 from merlin_flow.tools.toolbox import FINISH, FINISHED, Toolbox, parse_arguments
 
+TRANSCRIPT_CHARS = 8000
+"""Longest message text a stored transcript keeps (``for_the_record``)."""
 MODEL_UNREACHABLE = "model unreachable: "
 """How the error of an attempt that could not use its model starts. It is for people:
 the engine stores the failure's kind apart (``Attempt.failure_kind``)."""
@@ -119,6 +121,19 @@ class AgentResult:
 
 
 CallHook = Callable[[int, Completion | None, BaseException | None], None]
+
+
+def for_the_record(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation as the store keeps it: no system prompt, long texts cut."""
+    kept = []
+    for message in messages:
+        if message.get("role") == "system":
+            continue
+        content = message.get("content")
+        if isinstance(content, str) and len(content) > TRANSCRIPT_CHARS:
+            message = {**message, "content": content[:TRANSCRIPT_CHARS] + "\n[... cut]"}
+        kept.append(message)
+    return kept
 
 
 def run_agent(

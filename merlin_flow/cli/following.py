@@ -239,7 +239,8 @@ def follow(db: Database, job_id: str, quiet: bool) -> JobView:
     """Wait for the job to end, with live progress unless ``quiet``; its final view."""
     from merlin_flow.cli.render import follow as follow_live
     from merlin_flow.cli.render import steps_table
-    from merlin_flow.jobs.views import events_since, job_view, last_tool_calls
+    from merlin_flow.jobs.logs import last_tool_calls
+    from merlin_flow.jobs.views import events_since, job_view
 
     if quiet:
         return _wait_quietly(db, job_id)
@@ -259,7 +260,8 @@ def follow_logs(db: Database, job_id: str, step_key: str | None, poll: float = 0
     import time
 
     from merlin_flow.cli.transcripts import attempt_footer, attempt_header, message_lines
-    from merlin_flow.jobs.views import job_logs, job_view
+    from merlin_flow.jobs.logs import job_logs
+    from merlin_flow.jobs.views import job_view
     from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES
 
     shown: dict[tuple[str, int], int] = {}  # messages printed, per (step, attempt)

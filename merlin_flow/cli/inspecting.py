@@ -44,7 +44,7 @@ def status(
         console.print(steps_table(view, plain=not console.is_terminal, stalled=bool(waiting)))
         if waiting:
             console.print(f"[yellow]{escape(waiting)}[/]", highlight=False)
-        console.print(f"branch: {view['branch']}")
+        console.print(f"branch: {view['branch'] or 'none'}")
         if view["error"]:
             console.print(f"[red]error:[/] {escape(view['error'])}")
         if view["patch"]:
@@ -108,7 +108,7 @@ def logs(
 
     def work() -> None:
         from merlin_flow.cli.transcripts import attempt_log
-        from merlin_flow.jobs.views import job_logs
+        from merlin_flow.jobs.logs import job_logs
 
         _, db = state()
         if follow_:

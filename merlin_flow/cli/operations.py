@@ -141,7 +141,8 @@ def cancel(job_id: JobArg) -> None:
                 "call (`merlin watch` shows when)"
             )
         else:
-            console.print(f"job {job_id} cancelled; branch {view['branch']} kept as it was")
+            kept = f"branch {view['branch']} kept as it was" if view["branch"] else "no branch"
+            console.print(f"job {job_id} cancelled; {kept}")
 
     guarded(work)
 

@@ -10,7 +10,7 @@ from rich.text import Text
 from merlin_flow.cli.render import ATTEMPT_STYLE
 
 if TYPE_CHECKING:
-    from merlin_flow.jobs.views import LogEntry
+    from merlin_flow.jobs.logs import LogEntry
 
 LOG_TOOL_LINES = 20
 """Lines of a tool's answer `merlin logs` shows; the rest is counted."""

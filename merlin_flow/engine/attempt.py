@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.agents.choice import stored_agent
 from merlin_flow.agents.definitions import AgentDefinition
-from merlin_flow.agents.loop import MODEL_UNREACHABLE, StepBrief, run_agent
+from merlin_flow.agents.loop import MODEL_UNREACHABLE, StepBrief, for_the_record, run_agent
 from merlin_flow.agents.step_tools import (
     can_write,
     open_step_tools,
@@ -76,8 +76,6 @@ from merlin_flow.workspace.repository import JobRepository, repository_of
 
 log = logging.getLogger(__name__)
 
-TRANSCRIPT_CHARS = 8000
-"""Longest message text kept in an attempt's transcript."""
 NO_CHANGES = (
     "the attempt changed no file: the model finished after {turns} turn(s) without "
     "editing anything, so there was nothing to verify"
@@ -194,7 +192,7 @@ def _work_in_worktree(
                 # The conversation so far, for `merlin logs --follow` and `merlin watch`.
                 with held.db.session() as session:
                     attempt = session.get_one(Attempt, plan.attempt_id)
-                    attempt.transcript = _for_the_record(messages)
+                    attempt.transcript = for_the_record(messages)
 
             summary, error, turns, writes = "", None, 0, True
             failure = FailureKind.CAPABILITY
@@ -266,25 +264,12 @@ def _record_attempt(held: HeldStep, plan: _AttemptPlan, end: _AttemptEnd) -> boo
         attempt = session.get_one(Attempt, plan.attempt_id)
         attempt.commit = end.commit
         attempt.summary = end.summary[:4000]
-        attempt.transcript = _for_the_record(end.transcript)
+        attempt.transcript = for_the_record(end.transcript)
         attempt.turns = end.turns
         end_attempt(
             session, held.job_id, held.step_key, attempt, end.error, end.failure, job_ended=ended
         )
     return ended
-
-
-def _for_the_record(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation without the system prompt, long texts cut for the database."""
-    kept = []
-    for message in messages:
-        if message.get("role") == "system":
-            continue
-        content = message.get("content")
-        if isinstance(content, str) and len(content) > TRANSCRIPT_CHARS:
-            message = {**message, "content": content[:TRANSCRIPT_CHARS] + "\n[... cut]"}
-        kept.append(message)
-    return kept
 
 
 def _stop_for_budget(held: HeldStep, attempt_id: int, reason: str) -> None:

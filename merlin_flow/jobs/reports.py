@@ -39,7 +39,8 @@ def junit_xml(view: JobView) -> str:
     )
     properties = ET.SubElement(suite, "properties")
     for name in ("id", "status", "branch", "base_commit", "head_commit", "cost_usd"):
-        value = "unknown" if name == "cost_usd" and view[name] is None else str(view[name])
+        value = str(view[name]) if view[name] is not None else ""
+        value = "unknown" if name == "cost_usd" and view[name] is None else value
         ET.SubElement(properties, "property", name=f"merlin.{name}", value=value)
     for step in steps:
         case = ET.SubElement(

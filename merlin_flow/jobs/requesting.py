@@ -182,10 +182,16 @@ def plan_job(
     if classify(request).kind is RequestKind.QUESTION:
         from merlin_flow.planning.questions import answer_question
 
-        answer = answer_question(repository, base, config, request, calls)
+        tier = config.planning_tier().name
+
+        def so_far(transcript: list[dict[str, Any]]) -> None:  # for `merlin logs --follow`
+            with db.session() as session:
+                _still_planning(session, job_id).plan = question_record(tier, transcript)
+
+        answer = answer_question(repository, base, config, request, calls, so_far)
         with db.session() as session:
             job = _still_planning(session, job_id)
-            job.plan = {"kind": "question", "error": answer.error}
+            job.plan = question_record(tier, answer.transcript, answer.error)
             record_answer(session, job, answer.text, answer.error)
             return JobStatus(job.status)
     made = make_plan(request, config, request_context(repository, base, config, request), calls)
@@ -198,6 +204,13 @@ def plan_job(
         how = "fallback plan" if made.fallback else f"plan of {len(tasklist.steps)} step(s)"
         await_approval(session, job, how)
     return JobStatus.AWAITING_APPROVAL
+
+
+def question_record(
+    tier: str, transcript: list[dict[str, Any]], error: str | None = None
+) -> dict[str, Any]:
+    """What a question's job keeps of its answering: the tier, the conversation, the error."""
+    return {"kind": "question", "error": error, "tier": tier, "transcript": transcript}
 
 
 def plan_record(made: Plan, tasklist: dict[str, Any]) -> dict[str, Any]:

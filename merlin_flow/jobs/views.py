@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 from sqlalchemy import func, select
 
 from merlin_flow.engine.graph import is_complete, is_finished, waiting_on
-from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.errors import JobNotFoundError
 from merlin_flow.failures import AttemptKind
 from merlin_flow.jobs.costs import UNPRICED, CostFields, cost_fields
 from merlin_flow.jobs.evidence import FailureView, failure_view
@@ -25,7 +25,6 @@ from merlin_flow.store import (
     Job,
     JobStatus,
     LlmCall,
-    Step,
     StepStatus,
 )
 from merlin_flow.store.events import EventKind
@@ -90,7 +89,9 @@ class JobView(CostFields):
     title: str
     repo: str
     status: JobStatus
-    branch: str
+    branch: str | None
+    """The job branch, `merlin/<job>`; None while it does not exist (a request before
+    its approval, a question)."""
     base_commit: str
     head_commit: str
     error: str | None
@@ -123,7 +124,7 @@ class JobListEntry(TypedDict):
     status: JobStatus
     title: str
     repo: str
-    branch: str
+    branch: str | None
     created_at: str | None
     finished_at: str | None
 
@@ -137,14 +138,6 @@ class EventView(TypedDict):
     message: str
     data: dict[str, Any] | None
     created_at: str | None
-
-
-class LogEntry(AttemptView):
-    """One attempt with its step, transcript and output: ``merlin logs --json``."""
-
-    step: str
-    exit_command: str
-    transcript: list[dict[str, Any]]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -222,7 +215,7 @@ def job_view(db: Database, job_id: str) -> JobView:
             "title": job.title,
             "repo": job.repo,
             "status": JobStatus(job.status),
-            "branch": job.branch,
+            "branch": made_branch(job),
             "base_commit": job.base_commit,
             "head_commit": job.head_commit,
             "error": job.error,
@@ -244,6 +237,16 @@ def job_view(db: Database, job_id: str) -> JobView:
         }
 
 
+def made_branch(job: Job) -> str | None:
+    """The job's branch once it exists (``None`` for a question, an unapproved plan).
+
+    A TaskList's job has it from submission, a request's from its approval.
+    """
+    if job.request is None or (job.plan or {}).get("approved_at"):
+        return job.branch
+    return None
+
+
 def list_jobs(db: Database, limit: int = 50) -> list[JobListEntry]:
     """The newest jobs, newest first: what ``merlin list --json`` prints."""
     with db.reader() as session:
@@ -254,7 +257,7 @@ def list_jobs(db: Database, limit: int = 50) -> list[JobListEntry]:
                 "status": JobStatus(job.status),
                 "title": job.title,
                 "repo": job.repo,
-                "branch": job.branch,
+                "branch": made_branch(job),
                 "created_at": _iso(job.created_at),
                 "finished_at": _iso(job.finished_at),
             }
@@ -300,50 +303,3 @@ def job_diff(db: Database, settings: Settings, job_id: str) -> str:
     repository = repository_of(location, settings)
     repository.have(job_id, base, head)
     return diff(repository.path, base, head)
-
-
-def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[LogEntry]:
-    """Every attempt of the job (or of one step), with its transcript and command output."""
-    with db.reader() as session:
-        job = session.get(Job, job_id)
-        if job is None:
-            raise JobNotFoundError(f"no job with id {job_id!r}")
-        steps = [s for s in job.steps if step_key is None or s.key == step_key]
-        if step_key is not None and not steps:
-            known = ", ".join(s.key for s in job.steps)
-            raise InputError(f"job {job_id} has no step {step_key!r}; its steps: {known}")
-        return [
-            {
-                "step": step.key,
-                "exit_command": step.exit_command,
-                **attempt_view(attempt),
-                "transcript": attempt.transcript or [],
-            }
-            for step in steps
-            for attempt in step.attempts
-        ]
-
-
-def last_tool_calls(db: Database, job_id: str) -> dict[str, str]:
-    """For each step whose agent is working now: its latest tool call, as one line."""
-    with db.reader() as session:
-        attempts = session.scalars(
-            select(Attempt)
-            .join(Step, Attempt.step_id == Step.id)
-            .where(Step.job_id == job_id, Attempt.status == AttemptStatus.RUNNING)
-        ).all()
-        calls = {}
-        for attempt in attempts:
-            line = tool_call_line(attempt.transcript or [])
-            if line:
-                calls[attempt.step.key] = line
-        return calls
-
-
-def tool_call_line(messages: list[dict[str, Any]]) -> str | None:
-    """The conversation's latest tool call: ``run_command {"command": "pytest -q"}``."""
-    for message in reversed(messages):
-        for call in reversed(message.get("tool_calls") or []):
-            function = call.get("function", {})
-            return f"{function.get('name')} {str(function.get('arguments', ''))[:200]}"
-    return None

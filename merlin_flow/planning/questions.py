@@ -11,9 +11,11 @@ an answer-less job whose error says why (expected input, never a crash).
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from merlin_flow.agents.loop import converse
+from merlin_flow.agents.loop import converse, for_the_record
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import StepFailure
 from merlin_flow.models.llm import ModelCall
@@ -38,6 +40,8 @@ class Answer:
 
     text: str | None
     error: str | None = None
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation, as ``merlin logs`` shows it (``agents.loop.for_the_record``)."""
 
 
 def answer_question(
@@ -46,8 +50,13 @@ def answer_question(
     config: MerlinConfig,
     question: str,
     call_model: ModelCall,
+    on_progress: Callable[[list[dict[str, Any]]], None] = lambda _messages: None,
 ) -> Answer:
-    """Ask the planning tier ``question`` about ``repository`` at ``base``."""
+    """Ask the planning tier ``question`` about ``repository`` at ``base``.
+
+    ``on_progress(transcript)`` is given the conversation as it grows (for ``merlin logs
+    --follow``); the answer carries all of it.
+    """
     tier = config.planning_tier()
     attached = classify(question).files
     readable = Permissions(config.permissions).path_readable
@@ -69,12 +78,19 @@ def answer_question(
             readable=permissions.path_readable,
         )
         result = converse(
-            tier, messages, toolbox, lambda *_: None, limits=config.limits, call_model=call_model
+            tier,
+            messages,
+            toolbox,
+            lambda *_: None,
+            limits=config.limits,
+            call_model=call_model,
+            on_progress=lambda so_far: on_progress(for_the_record(so_far)),
         )
     except StepFailure as exc:  # the model failed for good, or ran out of turns
-        return Answer(None, f"the question could not be answered: {exc}")
+        error = f"the question could not be answered: {exc}"
+        return Answer(None, error, for_the_record(messages))
     finally:
         remove_worktree(repository.path, folder)
     if not result.summary:
-        return Answer(None, "the model gave no answer")
-    return Answer(result.summary)
+        return Answer(None, "the model gave no answer", for_the_record(messages))
+    return Answer(result.summary, None, for_the_record(messages))

@@ -182,6 +182,24 @@ def test_a_question_is_answered_read_only_with_no_branch(tmp_path: Path, py_repo
     assert (status["status"], status["steps"]) == ("completed", [])
     assert status["answer"].startswith("answer() returns 41")
     assert len(_planning_calls(tmp_path / "home", status["id"])) == 2  # grep, then the answer
+    # No branch was made, and no view says otherwise.
+    assert status["branch"] is None
+    assert jobs[0]["branch"] is None
+    # Its conversation is there as an attempt's would be: the question, the grep, the answer.
+    logs = merlin(env, "logs", status["id"])
+    assert logs.returncode == 0, logs.stderr
+    assert "── step question · attempt 1 · execute@local · passed" in logs.stdout
+    assert '→ grep {"pattern": "return 4"}' in logs.stdout
+    assert "assistant: answer() returns 41" in logs.stdout
+    entries = json.loads(merlin(env, "logs", status["id"], "--json").stdout)
+    assert [(e["step"], e["status"], e["turns"]) for e in entries] == [("question", "passed", 2)]
+    assert [m["role"] for m in entries[0]["transcript"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert entries[0]["prompt_tokens"] > 0
 
 
 SPEC = """\

@@ -111,17 +111,3 @@ def test_an_open_attempt_with_no_live_worker_reads_waiting_not_verifying() -> No
     plain = steps_table(view("passed", 0, ""), plain=True, stalled=True)
     stalled.print(plain)
     assert "fix@local exit 0 ✓" in stalled.export_text()  # a closed attempt keeps its mark
-
-
-def test_the_latest_tool_call_is_one_line() -> None:
-    from merlin_flow.jobs.views import tool_call_line
-
-    call = {"function": {"name": "run_command", "arguments": '{"command": "pytest -q"}'}}
-    other = {"function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
-    messages = [
-        {"role": "user", "content": "go"},
-        {"role": "assistant", "content": "", "tool_calls": [other, call]},
-        {"role": "tool", "content": "1 passed"},
-    ]
-    assert tool_call_line(messages) == 'run_command {"command": "pytest -q"}'
-    assert tool_call_line(messages[:1]) is None

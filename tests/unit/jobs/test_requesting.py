@@ -16,6 +16,7 @@ from merlin_flow.cli.app import app
 from merlin_flow.config import Tier
 from merlin_flow.errors import InputError
 from merlin_flow.jobs.requesting import approve_job, plan_job, reject_job, submit_request
+from merlin_flow.jobs.views import job_view, list_jobs
 from merlin_flow.models.llm import Completion, complete
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, LlmCall
@@ -88,6 +89,7 @@ def test_approval_makes_the_branch_and_the_steps(
     assert job.plan is not None
     assert (job.plan["approved_by"], job.plan["edited"]) == ("ada", False)
     assert git(repo, "rev-parse", job.branch) == job.base_commit
+    assert job_view(db, made.job_id)["branch"] == job.branch  # it exists now
     with pytest.raises(InputError, match="only a job awaiting approval can be approved"):
         approve_job(db, settings, made.job_id, "ada")
 
@@ -108,9 +110,13 @@ def test_an_edited_plan_replaces_the_planned_one(
 
 def test_a_rejected_plan_ends_the_job(db: Database, settings: Settings, repo: Path) -> None:
     made = submit_request(db, settings, REQUEST, str(repo))
+    assert job_view(db, made.job_id)["branch"] is None  # not before its approval
     reject_job(db, made.job_id, "bob")
     job = _job(db, made.job_id)
     assert (job.status, job.finished_at is not None) == (JobStatus.REJECTED, True)
+    assert job_view(db, made.job_id)["branch"] is None  # none was made, and none is named
+    assert list_jobs(db)[0]["branch"] is None
+    assert git(repo, "branch", "--list", f"merlin/{made.job_id}") == ""
     with pytest.raises(InputError, match="can be rejected"):
         reject_job(db, made.job_id, "bob")
 

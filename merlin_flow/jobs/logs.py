@@ -1,0 +1,115 @@
+"""What ``merlin logs`` and ``merlin watch`` read: each attempt's conversation and output.
+
+An attempt's transcript is stored on its row as it grows; a question's conversation,
+on its job (``plan.transcript``), is shown as one attempt of a step called
+``question``. The latest tool call of each working agent is what ``watch`` shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.failures import AttemptKind
+from merlin_flow.jobs.costs import cost_fields
+from merlin_flow.jobs.views import AttemptView, attempt_view
+from merlin_flow.store import Attempt, AttemptStatus, Database, Job, JobStatus, LlmCall, Step
+
+
+class LogEntry(AttemptView):
+    """One attempt with its step, transcript and output: ``merlin logs --json``."""
+
+    step: str
+    exit_command: str
+    transcript: list[dict[str, Any]]
+
+
+def job_logs(db: Database, job_id: str, step_key: str | None = None) -> list[LogEntry]:
+    """Every attempt of the job (or of one step), with its transcript and command output."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        if job is None:
+            raise JobNotFoundError(f"no job with id {job_id!r}")
+        if (job.plan or {}).get("kind") == "question" and step_key in (None, QUESTION):
+            return [_question_log(session, job)]
+        steps = [s for s in job.steps if step_key is None or s.key == step_key]
+        if step_key is not None and not steps:
+            known = ", ".join(s.key for s in job.steps)
+            raise InputError(f"job {job_id} has no step {step_key!r}; its steps: {known}")
+        return [
+            {
+                "step": step.key,
+                "exit_command": step.exit_command,
+                **attempt_view(attempt),
+                "transcript": attempt.transcript or [],
+            }
+            for step in steps
+            for attempt in step.attempts
+        ]
+
+
+QUESTION = "question"
+"""What ``merlin logs`` calls a question's one conversation, in the place of a step."""
+
+
+def _question_log(session: Session, job: Job) -> LogEntry:
+    """A question's conversation as one attempt: its tier, calls, answer or error."""
+    plan = job.plan or {}
+    tier = str(plan.get("tier") or "")
+    models = {t["name"]: t["model"] for t in job.config.get("tiers", [])}
+    transcript: list[dict[str, Any]] = list(plan.get("transcript") or [])
+    calls = session.execute(
+        select(
+            func.coalesce(func.sum(LlmCall.prompt_tokens), 0),
+            func.coalesce(func.sum(LlmCall.completion_tokens), 0),
+            func.coalesce(func.sum(LlmCall.cost_usd), 0.0),
+        ).where(LlmCall.job_id == job.id, LlmCall.attempt_id.is_(None))
+    ).one()
+    status = AttemptStatus.PASSED if job.answer is not None else AttemptStatus.ERROR
+    return {
+        "step": QUESTION,
+        "exit_command": "",
+        "number": 1,
+        "kind": AttemptKind.EXECUTE,
+        "tier": tier,
+        "model": models.get(tier, ""),
+        "status": AttemptStatus.RUNNING if job.status == JobStatus.PLANNING else status,
+        "commit": None,
+        "exit_code": None,
+        "error": job.error,
+        "output_tail": None,
+        "turns": sum(1 for m in transcript if m.get("role") == "assistant"),
+        "runs": 1,
+        "prompt_tokens": int(calls[0]),
+        "completion_tokens": int(calls[1]),
+        **cost_fields(float(calls[2] or 0.0), 0),
+        "transcript": transcript,
+    }
+
+
+def last_tool_calls(db: Database, job_id: str) -> dict[str, str]:
+    """For each step whose agent is working now: its latest tool call, as one line."""
+    with db.reader() as session:
+        attempts = session.scalars(
+            select(Attempt)
+            .join(Step, Attempt.step_id == Step.id)
+            .where(Step.job_id == job_id, Attempt.status == AttemptStatus.RUNNING)
+        ).all()
+        calls = {}
+        for attempt in attempts:
+            line = tool_call_line(attempt.transcript or [])
+            if line:
+                calls[attempt.step.key] = line
+        return calls
+
+
+def tool_call_line(messages: list[dict[str, Any]]) -> str | None:
+    """The conversation's latest tool call: ``run_command {"command": "pytest -q"}``."""
+    for message in reversed(messages):
+        for call in reversed(message.get("tool_calls") or []):
+            function = call.get("function", {})
+            return f"{function.get('name')} {str(function.get('arguments', ''))[:200]}"
+    return None
