@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from merlin_flow.config import Limits, MerlinConfig, Tier
 from merlin_flow.engine.feedback import feedback_for
 from merlin_flow.errors import BudgetExceeded, InputError
-from merlin_flow.failures import AttemptKind
+from merlin_flow.failures import Action, AttemptKind, Decision
 from merlin_flow.models.endpoints import describe
 from merlin_flow.models.llm import call_price, is_priced, litellm_module
 from merlin_flow.models.tokens import conversation_text, count_tokens
@@ -269,3 +269,18 @@ def estimate_attempt(
     messages = first_messages(step_brief(step), feedback)
     guard = BudgetGuard(db, job_id, budget_usd, limits.expected_completion_tokens)
     return guard.check(tier, messages, TOOL_SCHEMAS, "escalating")
+
+
+def escalation_over_budget(
+    db: Database, session: Session, step: Step, nxt: Decision, config: MerlinConfig
+) -> str | None:
+    """Why the planned escalation of ``step`` cannot be paid for, or None when it can."""
+    budget = session.get_one(Job, step.job_id).budget_usd
+    if nxt.action is not Action.ESCALATE or budget is None:
+        return None
+    tier = config.tiers[nxt.tier_index]
+    try:
+        estimate_attempt(db, step.job_id, budget, config.limits, tier, step)
+    except BudgetExceeded as exc:
+        return f"step {step.key} stopped before escalating: {exc}"
+    return None

@@ -116,3 +116,13 @@ def feedback_for(kind: AttemptKind, attempts: list[Attempt]) -> str | None:
         text[-FEEDBACK_CHARS * 2 :]
         + "\nThe working tree is back at the step's starting point: solve the step afresh."
     )
+
+
+def verify_failure(job_id: str, step: Step, exit_code: int | None, output: str) -> str:
+    """A failed exit command in a few lines: the command, its exit code, its last lines."""
+    lines = [line for line in output.rstrip().splitlines() if line.strip()][-TAIL_LINES:]
+    tail = "".join(f"\n    {line}" for line in lines)
+    return (
+        f"`{step.exit_command}` exited with code {exit_code}:{tail}"
+        f"\n    (all output: merlin logs {job_id} --step {step.key})"
+    )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
@@ -91,8 +92,25 @@ class HeldStep:
             commit,
             self.worktree(name),
             self._environment_built,
+            self.job_ended,
         ) as checkout:
             yield checkout
+
+    def job_ended(self) -> bool:
+        """True once the job has ended (cancelled...): asked while a command runs, to stop it.
+
+        A database that cannot answer now does not stop the command: the next ask may.
+        """
+        try:
+            if not job_has_ended(self.db, self.job_id):
+                return False
+            with self.db.session() as session:
+                message = f"step {self.step_key}: its running command was stopped, the job ended"
+                add_event(session, self.job_id, EventKind.COMMAND_STOPPED, message, self.step_key)
+            return True
+        except SQLAlchemyError as exc:
+            log.warning("job %s: cannot tell whether it ended: %s", self.job_id, exc)
+            return False
 
     def _environment_built(self, environment: BuiltEnvironment) -> None:
         with self.db.session() as session:

@@ -41,6 +41,8 @@ class Integration:
     details: str = ""
     """The conflicting hunks, or the output of the exit command that failed."""
     exit_code: int | None = None
+    stopped: bool = False
+    """The re-verification was stopped: its job ended (cancelled) while it ran."""
 
 
 def commands_to_reverify(steps: Sequence[Step], step: Step) -> list[str]:
@@ -87,7 +89,14 @@ def integrate(
             f"step's change merged onto the job branch ({onto[:10]}); it passed alone"
         )
         return Integration(
-            onto, None, True, tuple(commands), error, result.output_tail, result.exit_code
+            onto,
+            None,
+            True,
+            tuple(commands),
+            error,
+            result.output_tail,
+            result.exit_code,
+            result.stopped,
         )
     return Integration(onto, merged, True, tuple(commands))
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, replace
 from sqlalchemy.orm import Session
 
 from merlin_flow.config import MerlinConfig
-from merlin_flow.engine.budget import estimate_attempt
+from merlin_flow.engine.budget import escalation_over_budget
 from merlin_flow.engine.dispatch import Dispatch, Outcome, start_runnable
-from merlin_flow.engine.feedback import failure_of, step_failure
+from merlin_flow.engine.feedback import failure_of, step_failure, verify_failure
 from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.held_step import HeldStep, load_step, lock_job
 from merlin_flow.engine.integration import (
@@ -30,8 +30,8 @@ from merlin_flow.engine.integration import (
 from merlin_flow.engine.leases import Heartbeat, hand_off, release_step
 from merlin_flow.engine.lifecycle import cancel_attempt, end_job, fail_attempt, fail_step, pass_step
 from merlin_flow.engine.spec_review import review_attempt
-from merlin_flow.errors import BudgetExceeded, LeaseLost, SetupFailed
-from merlin_flow.failures import Action, AttemptKind, Decision, decide
+from merlin_flow.errors import LeaseLost, SetupFailed
+from merlin_flow.failures import Action, AttemptKind, decide
 from merlin_flow.planning.spec_check import SpecOutcome
 from merlin_flow.settings import Settings
 from merlin_flow.store import (
@@ -74,6 +74,7 @@ class _Verdict:
     output: str
     spec: SpecOutcome | None = None  # the spec check, when one ran after a passed command
     integration: Integration | None = None  # one that failed: a conflict, a failed re-run
+    stopped: bool = False  # a command was killed because the job ended (cancelled)
 
     def record_on(self, attempt: Attempt) -> None:
         if self.exit_code is not None:
@@ -155,7 +156,9 @@ def _judge(held: HeldStep, repository: JobRepository) -> _Verdict:
         # succeeds: the attempt failed, not the job (setup passed at the step's start
         # commit before the attempt ran).
         result = CommandResult(1, str(exc), timed_out=False, duration=0.0)
-    return _Verdict(held, attempt_id, result.ok, result.exit_code, result.output_tail)
+    return _Verdict(
+        held, attempt_id, result.ok, result.exit_code, result.output_tail, stopped=result.stopped
+    )
 
 
 def _run_in_checkout(
@@ -282,6 +285,8 @@ def _complete(
 
 def _fail(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
     held = verdict.held
+    if verdict.stopped or (verdict.integration is not None and verdict.integration.stopped):
+        return _stopped(verdict)
     dispatch = Dispatch()
     with held.db.session() as session:
         ended = lock_job(session, held.job_id).status in FINAL_JOB_STATUSES
@@ -290,7 +295,7 @@ def _fail(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
         verdict.record_on(attempt)
         fail_attempt(attempt)
         if verdict.exit_code and verdict.integration is None:
-            message = _verify_failure(held.job_id, step, verdict)
+            message = verify_failure(held.job_id, step, verdict.exit_code, verdict.output)
             data: ExitCodeData = {"attempt": attempt.number, "exit_code": verdict.exit_code}
             add_event(session, held.job_id, EventKind.VERIFY_FAILED, message, step.key, data)
         if verdict.integration is not None:
@@ -314,14 +319,19 @@ def _fail(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
     return Outcome.STOP, dispatch
 
 
-def _verify_failure(job_id: str, step: Step, verdict: _Verdict) -> str:
-    """A failed exit command in a few lines: the command, its exit code, its last lines."""
-    lines = [line for line in verdict.output.rstrip().splitlines() if line.strip()][-5:]
-    tail = "".join(f"\n    {line}" for line in lines)
-    return (
-        f"`{step.exit_command}` exited with code {verdict.exit_code}:{tail}"
-        f"\n    (all output: merlin logs {job_id} --step {step.key})"
-    )
+def _stopped(verdict: _Verdict) -> tuple[Outcome, Dispatch]:
+    """The job ended while the attempt's command ran: the attempt is cancelled, not failed."""
+    held = verdict.held
+    with held.db.session() as session:
+        lock_job(session, held.job_id)
+        attempt = session.get_one(Attempt, verdict.attempt_id)
+        if attempt.status == AttemptStatus.COMMITTED:  # not closed since (by a resume)
+            verdict.record_on(attempt)
+            attempt.error = "stopped: the job ended while its exit command ran"
+            cancel_attempt(attempt)
+        release_step(session, held.step_id, held.token)
+    finalize_job(held.db, held.settings, held.job_id)
+    return Outcome.STOP, Dispatch()
 
 
 def _plan_next(
@@ -341,7 +351,7 @@ def _plan_next(
         next_tier=config.next_tier(step.tier_index, StepType(step.step_type)),
         limits=config.limits,
     )
-    over_budget = _escalation_over_budget(held, session, step, nxt)
+    over_budget = escalation_over_budget(held.db, session, step, nxt, held.config)
     if over_budget is not None:
         release_step(session, held.step_id, held.token)
         end_job(session, held.job_id, step, over_budget, JobStatus.BUDGET_EXCEEDED)
@@ -381,18 +391,3 @@ def _plan_next(
         tier_index=nxt.tier_index,
     )
     return True, Dispatch()
-
-
-def _escalation_over_budget(
-    held: HeldStep, session: Session, step: Step, nxt: Decision
-) -> str | None:
-    """Why the planned escalation cannot be paid for, or None when it can."""
-    budget = session.get_one(Job, held.job_id).budget_usd
-    if nxt.action is not Action.ESCALATE or budget is None:
-        return None
-    tier = held.config.tiers[nxt.tier_index]
-    try:
-        estimate_attempt(held.db, held.job_id, budget, held.config.limits, tier, step)
-    except BudgetExceeded as exc:
-        return f"step {step.key} stopped before escalating: {exc}"
-    return None

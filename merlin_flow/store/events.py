@@ -70,6 +70,8 @@ class EventKind(StrEnum):
     """The spec check found violations under the `fail` policy: the attempt fails."""
     FIX_PLANNED = "fix_planned"
     ESCALATED = "escalated"
+    COMMAND_STOPPED = "command_stopped"
+    """A step's running command (exit command or the agent's) was killed: its job ended."""
 
 
 JOB_ENDED: Mapping[JobStatus, EventKind] = {

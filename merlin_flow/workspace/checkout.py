@@ -54,6 +54,8 @@ class Checkout:
     """What the commands may see: the worktree, the environment, the permission masks."""
     environment: BuiltEnvironment | None = None
     """The project's environment, or None when the project has none."""
+    stop: Callable[[], bool] | None = None
+    """Asked while a command runs: True (its job was cancelled) kills the command."""
 
     @classmethod
     def folder(cls, root: Path, sandbox: Sandbox | None = None) -> Checkout:
@@ -73,11 +75,11 @@ class Checkout:
         self, argv: list[str], timeout: float, tail_chars: int = OUTPUT_TAIL_CHARS
     ) -> CommandResult:
         """Run ``argv`` in the worktree, in the sandbox; SandboxUnavailable without one."""
-        return run_confined(argv, self.confinement, self.sandbox, timeout, tail_chars)
+        return run_confined(argv, self.confinement, self.sandbox, timeout, tail_chars, self.stop)
 
     def run_exit_command(self, command: str, config: MerlinConfig) -> CommandResult:
         """Run a step's exit command here, as ``config`` says (shell, timeout)."""
-        return run_exit_command(command, self.confinement, config)
+        return run_exit_command(command, self.confinement, config, self.stop)
 
 
 def confine(
@@ -185,10 +187,12 @@ def open_checkout(
     commit: str,
     worktree: Path,
     on_built: Callable[[BuiltEnvironment], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Iterator[Checkout]:
     """A checkout of ``commit`` at ``worktree``, its environment ready; removed at the end.
 
-    ``on_built`` is told of an environment this call built (the engine records it).
+    ``on_built`` is told of an environment this call built (the engine records it);
+    ``stop`` is asked while each of its commands runs (``Checkout.stop``).
     SetupFailed when the environment cannot be built; nothing is checked out then.
     """
     environment = ready_environment(settings, config, repository, commit)
@@ -198,6 +202,6 @@ def open_checkout(
         add_worktree(repository.path, worktree, commit)
         prepare_worktree(environment, worktree)
         confinement = confine(worktree, environment, config)
-        yield Checkout(worktree, config.sandbox, confinement, environment)
+        yield Checkout(worktree, config.sandbox, confinement, environment, stop)
     finally:
         remove_worktree(repository.path, worktree)

@@ -8,6 +8,7 @@ the project's kind (detected from marker files at the repository root).
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,10 +148,18 @@ def split_command(command: str, shell: bool) -> list[str]:
     return argv
 
 
-def run_exit_command(command: str, confinement: Confinement, config: MerlinConfig) -> CommandResult:
-    """Run an exit command in the attempt's worktree, in the sandbox, in its environment."""
+def run_exit_command(
+    command: str,
+    confinement: Confinement,
+    config: MerlinConfig,
+    stop: Callable[[], bool] | None = None,
+) -> CommandResult:
+    """Run an exit command in the attempt's worktree, in the sandbox, in its environment.
+
+    ``stop`` is asked while it runs: True (its job was cancelled) kills it.
+    """
     from merlin_flow.workspace.sandbox import run_confined
 
     argv = split_command(command, config.shell)
     timeout = config.limits.exit_command_timeout
-    return run_confined(argv, confinement, config.sandbox, timeout)
+    return run_confined(argv, confinement, config.sandbox, timeout, stop=stop)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -39,6 +39,10 @@ from merlin_flow.workspace.command_guard import MARK_VARIABLE, NOT_STARTED_EXIT_
 
 OUTPUT_TAIL_CHARS = 4000
 TIMEOUT_EXIT_CODE = 124
+STOPPED_EXIT_CODE = 143
+"""The exit code of a command stopped because its job ended (128 + SIGTERM, as a shell says)."""
+STOP_POLL_SECONDS = 0.5
+"""How often a running command asks whether it should stop (its job cancelled)."""
 GUARD = Path(__file__).with_name("command_guard.py")
 
 
@@ -50,11 +54,13 @@ class CommandResult:
     output_tail: str
     timed_out: bool
     duration: float
+    stopped: bool = False
+    """True when it was killed because ``stop`` said so (its job was cancelled)."""
 
     @property
     def ok(self) -> bool:
-        """True when the command exited 0 within its timeout."""
-        return self.exit_code == 0 and not self.timed_out
+        """True when the command exited 0 within its timeout, and was not stopped."""
+        return self.exit_code == 0 and not self.timed_out and not self.stopped
 
 
 def run_command(
@@ -64,11 +70,14 @@ def run_command(
     env: Mapping[str, str] | None = None,
     tail_chars: int = OUTPUT_TAIL_CHARS,
     limits: ResourceLimits | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> CommandResult:
     """Run ``argv`` (no shell) in ``cwd``; kill its process group after ``timeout`` s.
 
-    The command runs behind its guard (``merlin_flow.workspace.command_guard``), which kills it
-    if this process dies first.
+    ``stop`` is asked every ``STOP_POLL_SECONDS`` while the command runs; once it says
+    True the command is killed as on a timeout (``stopped``). The command runs behind its
+    guard (``merlin_flow.workspace.command_guard``), which kills it if this process dies
+    first.
     """
     started = time.monotonic()
     mark = uuid.uuid4().hex
@@ -89,21 +98,38 @@ def run_command(
             return CommandResult(
                 NOT_STARTED_EXIT_CODE, f"cannot run {argv[0]!r}: {exc}", False, 0.0
             )
-        timed_out = False
         try:
-            exit_code = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(process.pid)
-            process.wait()
-            exit_code = TIMEOUT_EXIT_CODE
+            exit_code, stopped = _wait(process, started + timeout, stop)
+            if exit_code is None:
+                _kill_group(process.pid)
+                process.wait()
         finally:
             _kill_group(process.pid)
             kill_marked(mark)
         text = _tail(output, tail_chars)
-    if timed_out:
-        text += f"\n[merlin] command timed out after {timeout:g} s; its process group was killed"
-    return CommandResult(exit_code, text[-tail_chars:], timed_out, time.monotonic() - started)
+    duration = time.monotonic() - started
+    if exit_code is not None:
+        return CommandResult(exit_code, text[-tail_chars:], False, duration)
+    if stopped:
+        text += f"\n[merlin] command stopped after {duration:.1f} s: its job ended"
+        return CommandResult(STOPPED_EXIT_CODE, text[-tail_chars:], False, duration, stopped=True)
+    text += f"\n[merlin] command timed out after {timeout:g} s; its process group was killed"
+    return CommandResult(TIMEOUT_EXIT_CODE, text[-tail_chars:], True, duration)
+
+
+def _wait(
+    process: subprocess.Popen[bytes], deadline: float, stop: Callable[[], bool] | None
+) -> tuple[int | None, bool]:
+    """The command's exit code, or (None, stopped) when the deadline or ``stop`` came first."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, False
+        try:
+            return process.wait(timeout=min(left, STOP_POLL_SECONDS) if stop else left), False
+        except subprocess.TimeoutExpired:
+            if stop is not None and stop():
+                return None, True
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -155,18 +155,22 @@ def run_confined(
     config: Sandbox,
     timeout: float,
     tail_chars: int = OUTPUT_TAIL_CHARS,
+    stop: Callable[[], bool] | None = None,
 ) -> CommandResult:
-    """Run ``argv`` in the worktree, confined as ``config`` says; see the module doc."""
+    """Run ``argv`` in the worktree, confined as ``config`` says; see the module doc.
+
+    ``stop``: asked while the command runs; True kills it (``run_command``).
+    """
     limits = resource_limits(config)
     env = command_environment(confinement, config)
     if config.mode is SandboxMode.NONE:
-        return run_command(argv, confinement.worktree, timeout, env, tail_chars, limits)
+        return run_command(argv, confinement.worktree, timeout, env, tail_chars, limits, stop)
     problem = sandbox_problem()
     if problem:
         raise SandboxUnavailable(problem)
     wrapped = [*bwrap_arguments(confinement, env), "--", *argv]
     # bwrap itself needs no variable: the command's are given with --setenv.
-    return run_command(wrapped, confinement.worktree, timeout, {}, tail_chars, limits)
+    return run_command(wrapped, confinement.worktree, timeout, {}, tail_chars, limits, stop)
 
 
 def resource_limits(config: Sandbox) -> ResourceLimits:

@@ -13,7 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from merlin_flow.workspace.process import TIMEOUT_EXIT_CODE, run_command, tool_environment
+from merlin_flow.workspace.process import (
+    STOPPED_EXIT_CODE,
+    TIMEOUT_EXIT_CODE,
+    run_command,
+    tool_environment,
+)
 
 
 def process_gone(pid: int, wait: float = 2.0) -> bool:
@@ -119,6 +124,38 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path, cleanup_pids: lis
     assert "timed out after 1 s" in result.output_tail
     assert 0.9 <= elapsed < 5
     assert process_gone(child), f"background child {child} survived the timeout"
+
+
+def test_a_command_is_stopped_when_stop_says_so(tmp_path: Path, cleanup_pids: list[int]) -> None:
+    asked: list[float] = []
+    started = time.monotonic()
+
+    def stop() -> bool:  # the job is cancelled 1 s in
+        asked.append(time.monotonic() - started)
+        return asked[-1] >= 1.0
+
+    result = run_command(
+        ["sh", "-c", "sleep 300 & echo $! > child.pid; echo started; sleep 300"],
+        tmp_path,
+        60,
+        stop=stop,
+    )
+    elapsed = time.monotonic() - started
+    cleanup_pids.append(read_pid(tmp_path / "child.pid"))
+    assert result.stopped
+    assert not result.timed_out
+    assert not result.ok
+    assert result.exit_code == STOPPED_EXIT_CODE
+    assert result.output_tail.startswith("started\n")
+    assert "command stopped after 1." in result.output_tail
+    assert 1.0 <= elapsed < 3
+    assert process_gone(cleanup_pids[-1])
+    assert len(asked) >= 2  # asked as it ran, not once
+
+
+def test_a_command_that_ends_first_is_not_stopped(tmp_path: Path) -> None:
+    result = run_command(["sh", "-c", "sleep 0.7; exit 3"], tmp_path, 60, stop=lambda: False)
+    assert (result.exit_code, result.stopped, result.timed_out) == (3, False, False)
 
 
 def test_background_child_is_killed_after_a_successful_command(
