@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from merlin_flow.engine.feedback import FEEDBACK_CHARS, failure_of, failure_reason, feedback_for
+from types import SimpleNamespace
+
+from merlin_flow.engine.feedback import (
+    FEEDBACK_CHARS,
+    failure_of,
+    failure_reason,
+    feedback_for,
+    step_failure,
+)
 from merlin_flow.failures import AttemptKind, Failure, FailureKind
 from tests.unit.attempts import attempt
 
@@ -12,6 +20,22 @@ E, F, X = AttemptKind.EXECUTE, AttemptKind.FIX, AttemptKind.ESCALATE
 def test_failure_reason_prefers_error() -> None:
     assert failure_reason(attempt(1, E, error="model refused")) == "model refused"
     assert failure_reason(attempt(1, E, exit_code=3)) == "`python -m pytest -q` exited with code 3"
+
+
+def test_a_failed_merge_recheck_is_the_cause_not_the_model_error_after_it() -> None:
+    recheck = attempt(
+        1,
+        E,
+        error="integration failed: `python -m pytest -q` exited with code 1 on the step's "
+        "change merged onto the job branch (1a2b3c4d5e); it passed alone",
+        output_tail="test_a.py F\nFAILED test_a.py::test_merge\n1 failed, 3 passed",
+    )
+    refused = attempt(2, X, tier="premium", status="error", exit_code=None, error="RateLimitError")
+    text = step_failure(SimpleNamespace(attempts=[recheck, refused]))
+    first, *rest = text.splitlines()
+    assert first.startswith("attempt 1 (execute on tier local): integration failed: `python")
+    assert "    1 failed, 3 passed" in rest
+    assert rest[-1] == "then attempt 2 (escalate on tier premium): RateLimitError"
 
 
 # --- feedback_for ----------------------------------------------------------------------
