@@ -1,12 +1,15 @@
 """What Flower shows of merlin's tasks: message labels and readable task results.
 
-A message's ``argsrepr`` is a label, ``job=… step=… attempt=… tier=…`` (display only: the
-arguments stay the job id and the step key). Each task ends with a short result:
-``passed``, ``attempt 1 (execute) on local: committed 3f2c9a1b7d``, ``job completed``. A
-task whose step failed there (a failed verification, a job that ended failed or over
-budget) ends in FAILURE (``StepFailed``), with the text as its exception:
-``failed: exit 1 -> escalate to premium (attempt 3)``. The store is read here only to say
-what happened, never to decide anything.
+A message's ``argsrepr`` is a label, ``3f2c9a1b7d4e [local #2] fix``: the job, then the
+tier and the attempt, then the step (display only: the arguments stay the job id and the
+step key). The step key comes last, so a long one is what Flower's narrow args column
+cuts, never the tier. Each task ends with one readable line, the most telling words
+first: ``committed 3f2c9a1b7d (attempt 1, execute on local)``, ``passed``, ``job
+completed``. A task whose work failed there (an attempt that ended in error, a failed
+verification, a job that ended failed or over budget) ends in FAILURE with that line
+and no traceback (``workers.tasks``), such as "`pytest -q` exited with code 1 ->
+escalate to premium (attempt 3)". The store is read here only to say what happened, never to
+decide anything.
 """
 
 from __future__ import annotations
@@ -30,22 +33,13 @@ from merlin_flow.store import (
 )
 
 
-class StepFailed(Exception):
-    """The end of a task whose step failed there; its text is the task's result in Flower.
-
-    Celery reports a task's exception by its repr, so the repr is the text alone.
-    """
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
 def task_label(
     job_id: str, step_key: str | None = None, attempt: int | None = None, tier: str | None = None
 ) -> str:
-    """``job=… step=… attempt=… tier=…``: a message's ``argsrepr``, what Flower shows as args."""
-    fields = {"job": job_id, "step": step_key, "attempt": attempt, "tier": tier}
-    return " ".join(f"{name}={value}" for name, value in fields.items() if value is not None)
+    """``<job> [<tier> #<attempt>] <step>``: a message's ``argsrepr``, Flower's args column."""
+    planned = " ".join(part for part in (tier, f"#{attempt}" if attempt else None) if part)
+    parts = (job_id, f"[{planned}]" if planned else None, step_key)
+    return " ".join(part for part in parts if part)
 
 
 @dataclass(frozen=True)
@@ -75,6 +69,8 @@ class StepState:
     """The number of the attempt the step task makes next (a running one is resumed)."""
     next_kind: str
     next_tier: str | None
+    exit_command: str | None = None
+    """The step's exit command, which a failed verification names."""
 
     @property
     def job_ended(self) -> bool:
@@ -109,7 +105,15 @@ def read_steps(db: Database, job_id: str) -> dict[str, StepState]:
         if job is None:
             return {}
         steps = session.execute(
-            select(Step.id, Step.key, Step.status, Step.phase, Step.tier_index, Step.next_kind)
+            select(
+                Step.id,
+                Step.key,
+                Step.status,
+                Step.phase,
+                Step.tier_index,
+                Step.next_kind,
+                Step.exit_command,
+            )
             .where(Step.job_id == job_id)
             .order_by(Step.position)
         ).all()
@@ -133,24 +137,36 @@ def read_steps(db: Database, job_id: str) -> dict[str, StepState]:
             tier = tiers[step.tier_index] if step.tier_index < len(tiers) else None
             number, kind = counts.get(step.id, 0) + 1, step.next_kind
         states[step.key] = StepState(
-            job.status, job.error, step.status, step.phase, last, number, kind, tier
+            job.status,
+            job.error,
+            step.status,
+            step.phase,
+            last,
+            number,
+            kind,
+            tier,
+            exit_command=step.exit_command,
         )
     return states
 
 
 @dataclass(frozen=True)
 class TaskResult:
-    """What a task ends with: its readable text, and whether its step failed there."""
+    """What a task ends with: its readable line, and whether its work failed there."""
 
     text: str
     failed: bool = False
 
 
-_UNKNOWN = {Outcome.CONTINUE: "done", Outcome.RETRY: "failed: retrying", Outcome.STOP: "stopped"}
+_UNKNOWN = {
+    Outcome.CONTINUE: TaskResult("done"),
+    Outcome.RETRY: TaskResult("verification failed; another attempt follows", failed=True),
+    Outcome.STOP: TaskResult("stopped"),
+}
 """A result when the step cannot be read."""
 
 
-def _short(text: str | None, limit: int = 100) -> str:
+def _short(text: str | None, limit: int = 200) -> str:
     line = next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
@@ -177,61 +193,76 @@ def _ended(step_key: str, after: StepState) -> TaskResult:
     return TaskResult(f"job {after.job_status}{reason}", failed=True)
 
 
-def _verdict(attempt: AttemptState | None) -> str | None:
-    """The verification of ``attempt`` in a word or three; None while it has none."""
+def _verdict(attempt: AttemptState | None, exit_command: str | None) -> TaskResult | None:
+    """The verification of ``attempt``: what failed, in one line; None while it has none.
+
+    An error (the agent's, the spec check's, a failed integration) says more than the
+    exit code that came with it.
+    """
     if attempt is None:
         return None
     if attempt.status == AttemptStatus.PASSED:
-        return "passed"
+        return TaskResult("passed")
     if attempt.status == AttemptStatus.CANCELLED:
-        return "cancelled"
-    if attempt.status == AttemptStatus.FAILED and attempt.exit_code is not None:
-        return f"failed: exit {attempt.exit_code}"
-    if attempt.status in (AttemptStatus.FAILED, AttemptStatus.ERROR):
-        return f"failed: {_short(attempt.error)}" if attempt.error else "failed"
-    return None
+        return TaskResult("cancelled")
+    if attempt.status not in (AttemptStatus.FAILED, AttemptStatus.ERROR):
+        return None
+    if attempt.error:
+        return TaskResult(_short(attempt.error), failed=True)
+    if attempt.exit_code:
+        command = f"`{_short(exit_command, 60)}`" if exit_command else "the exit command"
+        return TaskResult(f"{command} exited with code {attempt.exit_code}", failed=True)
+    return TaskResult("verification failed", failed=True)
 
 
 def step_result(
     step_key: str, before: StepState | None, after: StepState | None, outcome: Outcome
 ) -> TaskResult:
-    """What a step task that ended with ``outcome`` reports (``before``/``after``: the step)."""
+    """What a step task that ended with ``outcome`` reports (``before``/``after``: the step).
+
+    An attempt that ended in error (a failed model call, no change made) failed there.
+    """
     idle = _idle(step_key, before, Phase.ATTEMPT)
     if idle is not None:
         return idle
     if after is None:  # no such step, or the store could not be read
-        return TaskResult(_UNKNOWN[outcome])
+        return _UNKNOWN[outcome]
     attempt = after.last
     if attempt is not None and before is not None and attempt.number != before.next_number:
         attempt = None  # not made by this task
-    what = f"attempt {attempt.number} ({attempt.kind}) on {attempt.tier}" if attempt else ""
+    what = f" (attempt {attempt.number}, {attempt.kind} on {attempt.tier})" if attempt else ""
     if outcome is Outcome.CONTINUE:
         if attempt is None:
-            return TaskResult(_UNKNOWN[outcome])
+            return _UNKNOWN[outcome]
         if attempt.status == AttemptStatus.ERROR:
-            return TaskResult(f"{what}: error: {_short(attempt.error)}")
-        return TaskResult(f"{what}: committed {(attempt.commit or '')[:10]}")
+            return TaskResult(f"{_short(attempt.error) or 'attempt failed'}{what}", failed=True)
+        return TaskResult(f"committed {(attempt.commit or '')[:10]}{what}")
     ended = _ended(step_key, after)
-    return TaskResult(f"{what} -> {ended.text}" if what else ended.text, ended.failed)
+    return TaskResult(f"{ended.text}{what}", ended.failed)
 
 
 def verify_result(
     step_key: str, before: StepState | None, after: StepState | None, outcome: Outcome
 ) -> TaskResult:
-    """What a verify task that ended with ``outcome`` reports (``before``/``after``: the step)."""
+    """What a verify task that ended with ``outcome`` reports (``before``/``after``: the step).
+
+    A failed verification says what failed, then what follows: ``-> fix on local (attempt
+    2)``, ``-> escalate to premium (attempt 3)``, ``-> job failed: …``.
+    """
     idle = _idle(step_key, before, Phase.VERIFY)
     if idle is not None:
         return idle
     if after is None:  # no such step, or the store could not be read
-        return TaskResult(_UNKNOWN[outcome], failed=outcome is Outcome.RETRY)
-    verdict = _verdict(after.last)
+        return _UNKNOWN[outcome]
+    verdict = _verdict(after.last, after.exit_command)
     if outcome is Outcome.CONTINUE:
-        return TaskResult(verdict or "passed")
+        return verdict or TaskResult("passed")
     if outcome is Outcome.RETRY:
         action = "escalate to" if after.next_kind == AttemptKind.ESCALATE else "fix on"
         following = f"{action} {after.next_tier} (attempt {after.next_number})"
-        return TaskResult(f"{verdict or 'failed'} -> {following}", failed=True)
+        failure = verdict.text if verdict else "verification failed"
+        return TaskResult(f"{failure} -> {following}", failed=True)
     ended = _ended(step_key, after)
-    if verdict is None or (verdict == "cancelled" and after.job_status == JobStatus.CANCELLED):
+    if verdict is None or (verdict.text == "cancelled" and after.job_status == JobStatus.CANCELLED):
         return ended
-    return TaskResult(f"{verdict} -> {ended.text}", ended.failed or verdict.startswith("failed"))
+    return TaskResult(f"{verdict.text} -> {ended.text}", ended.failed or verdict.failed)

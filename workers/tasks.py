@@ -8,22 +8,32 @@ and applied by the app's ``task_routes`` (``workers.app``).
 A verify that passes its step publishes a chain for each step the pass let start, and
 the finalize once every step has finished (``workers.canvas`` tells the whole shape).
 
-Each message is labelled and each task ends with a readable result, for Flower
-(``workers.results``). A failed verification that plans another attempt publishes
-``step | verify`` with the rest of its chain behind, then ends in FAILURE naming what
-follows; Celery's ``Task.replace`` is not used, since it would give the new verify the
-old one's task id and Flower would show both as one task.
+Each message is labelled and each task ends with a readable line, for Flower
+(``workers.results``). A task whose work failed there (an attempt in error, a failed
+verification, a job that ended failed) ends in FAILURE with that line and no traceback:
+it first hands the rest of its chain on (``_hand_on``: the verify that follows a failed
+attempt, or for a failed verification the next attempt's ``step | verify`` with the
+rest behind it), so the chain goes on exactly as after a success, then reports the
+failure to Flower itself (``_report_failure``, a ``task-failed`` event) and raises
+``Ignore``: the message is acknowledged, nothing else is sent, and the worker logs one
+line at INFO. Raising an exception instead would put a traceback on Flower's task page
+and, without ``throws``, in the worker's log at ERROR. Errors nobody expected keep
+Celery's own FAILURE and traceback (``_guard``). Celery's ``Task.replace`` is not used,
+since it would give the new verify the old one's task id and Flower would show both as
+one task.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import chain, shared_task, signature
 from celery.exceptions import Ignore
+from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy.exc import DBAPIError
 
 from merlin_flow.engine.attempt import execute_step
@@ -38,7 +48,6 @@ from merlin_flow.store import (
     open_database,
 )
 from workers.results import (
-    StepFailed,
     StepState,
     TaskResult,
     read_steps,
@@ -157,13 +166,56 @@ def _read_step(job_id: str, step_key: str) -> StepState | None:
         return None
 
 
-def _end(task: Any, result: TaskResult, *, last: bool) -> str:
-    """End the task with ``result``; with ``last``, the rest of the chain does not follow."""
+def _end(task: Any, result: TaskResult, started: float, *, last: bool) -> str:
+    """End the task with ``result``; with ``last``, the rest of the chain does not follow.
+
+    A failed result ends the task in FAILURE, after the rest of its chain was handed on.
+    """
     if last:
         task.request.chain = None
     if result.failed:
-        raise StepFailed(result.text)
+        _hand_on(task)
+        _fail(task, result.text, time.monotonic() - started)
     return result.text
+
+
+def _hand_on(task: Any, *first: Any) -> None:
+    """Publish ``first`` then the rest of this task's chain, which no longer follows it.
+
+    Published from within the task, they are its children in Flower, as a chain's next
+    task is. Nothing is published when there is nothing to follow.
+    """
+    rest = [signature(queued, app=task.app) for queued in reversed(task.request.chain or [])]
+    task.request.chain = None
+    if first or rest:
+        chain(*first, *rest).apply_async()
+
+
+def _fail(task: Any, text: str, runtime: float) -> NoReturn:
+    """End ``task`` in FAILURE with ``text`` and no traceback: an expected failure."""
+    log.info("%s[%s] %s failed: %s", task.name, task.request.id, _label_of(task), text)
+    _report_failure(task, text, runtime)
+    raise Ignore()
+
+
+def _label_of(task: Any) -> str:
+    return str(getattr(task.request, "argsrepr", None) or task.request.args)
+
+
+def _report_failure(task: Any, text: str, runtime: float) -> None:
+    """Tell Flower (and any event monitor) that ``task`` failed: ``text``, no traceback.
+
+    The ``task-failed`` event Celery sends for an exception, with ``text`` as both the
+    exception and the result (the readable line stays in one column of the tasks page)
+    and the task's runtime. Not sent for an eager call, or when task events are off. A
+    broker that cannot take the event leaves the task STARTED in Flower, with a warning.
+    """
+    if task.request.is_eager or not task.app.conf.worker_send_task_events:
+        return
+    try:
+        task.send_event("task-failed", exception=text, result=text, runtime=runtime)
+    except (BrokerError, OSError):
+        log.warning("%s[%s]: its failure not reported to Flower", task.name, task.request.id)
 
 
 def _queue_next_attempt(task: Any, job_id: str, step_key: str, after: StepState | None) -> None:
@@ -173,14 +225,11 @@ def _queue_next_attempt(task: Any, job_id: str, step_key: str, after: StepState 
     longer this task, which can then end in FAILURE without stopping the job.
     """
     attempt, tier = (after.next_number, after.next_tier) if after else (None, None)
-    rest = [signature(queued, app=task.app) for queued in reversed(task.request.chain or [])]
-    retry = chain(
+    _hand_on(
+        task,
         step_signature(job_id, step_key, attempt, tier),
         verify_signature(job_id, step_key, attempt, tier),
-        *rest,
     )
-    task.request.chain = None
-    retry.apply_async()
 
 
 def _publish(task: Any, job_id: str, dispatch: Dispatch) -> None:
@@ -213,21 +262,27 @@ def _verify_work(
     return lambda db, settings, token: verify_step(db, settings, job_id, step_key, token)
 
 
-@shared_task(bind=True, name=STEP_TASK, throws=(StepFailed,))
+@shared_task(bind=True, name=STEP_TASK)
 def step_task(self: Any, job_id: str, step_key: str) -> str:
-    """Make the step's next attempt (agent loop + commit)."""
+    """Make the step's next attempt (agent loop + commit).
+
+    An attempt that ended in error ends this task in FAILURE; its verify follows all the
+    same, and decides what comes next.
+    """
+    started = time.monotonic()
     before = _read_step(job_id, step_key)
     outcome = _run(job_id, step_key, _attempt_work(job_id, step_key))
     result = step_result(step_key, before, _read_step(job_id, step_key), outcome)
-    return _end(self, result, last=outcome is not Outcome.CONTINUE)
+    return _end(self, result, started, last=outcome is not Outcome.CONTINUE)
 
 
-@shared_task(bind=True, name=VERIFY_TASK, throws=(StepFailed,))
+@shared_task(bind=True, name=VERIFY_TASK)
 def verify_task(self: Any, job_id: str, step_key: str) -> str:
     """Verify the step's last attempt; on failure, queue the next attempt, or end the job.
 
-    A failed verification ends this task in FAILURE, its text naming what follows.
+    A failed verification ends this task in FAILURE, its line naming what follows.
     """
+    started = time.monotonic()
     before = _read_step(job_id, step_key)
     outcome, dispatch = _run_verify(job_id, step_key)
     after = _read_step(job_id, step_key)
@@ -235,7 +290,7 @@ def verify_task(self: Any, job_id: str, step_key: str) -> str:
     if outcome is Outcome.RETRY:
         _queue_next_attempt(self, job_id, step_key, after)
     _publish(self, job_id, dispatch)
-    return _end(self, result, last=outcome is not Outcome.CONTINUE)
+    return _end(self, result, started, last=outcome is not Outcome.CONTINUE)
 
 
 @shared_task(name=FINALIZE_TASK)

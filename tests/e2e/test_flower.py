@@ -1,6 +1,7 @@
 """Flower on merlin's app, over Redis: its HTTP API shows a job's tasks, labelled with the
-job, step, attempt and tier, and each task's readable result (a failed verification as a
-failure naming what follows it)."""
+job, tier, attempt and step, and each task's readable result. A task whose work failed
+(a failed verification, an attempt whose model call failed) is a FAILURE with one line
+and no traceback, and the job goes on as after a success."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from merlin_flow.cli.operations import FLOWER_COLUMNS
 from merlin_flow.store import Database, upgrade
 from tests.e2e.helpers import (
     MERLIN,
@@ -32,7 +34,7 @@ from tests.e2e.test_run import LOCAL_WRONG, ONE_STEP, PREMIUM_RIGHT
 
 pytestmark = pytest.mark.e2e
 AUTH = "merlin:s3cret"
-COLUMNS = ["name", "args", "state", "result", "exception", "received", "runtime", "worker", "uuid"]
+AUTH_ERROR = "rules:\n  - reply: {error: AuthenticationError}\n"
 
 
 def _free_port() -> int:
@@ -61,7 +63,7 @@ def _get(url: str, auth: str | None = AUTH) -> tuple[int, Any]:
 @contextmanager
 def _flower_and_worker(
     tmp_path: Path, redis_url: str, postgres_url: str
-) -> Iterator[tuple[dict[str, str], str]]:
+) -> Iterator[tuple[dict[str, str], str]]:  # (the environment, Flower's URL)
     """`merlin flower` and a worker on Redis + Postgres: (the environment, Flower's URL)."""
     db = Database(postgres_url)
     upgrade(db)
@@ -95,7 +97,37 @@ def _job_tasks(base: str, job_id: str) -> dict[str, Any]:
 
 
 def _label(job_id: str, step: str, attempt: int, tier: str) -> str:
-    return f"job={job_id} step={step} attempt={attempt} tier={tier}"
+    return f"{job_id} [{tier} #{attempt}] {step}"
+
+
+def _ended_tasks(base: str, job_id: str, count: int) -> list[dict[str, Any]]:
+    """The job's ``count`` tasks once all have ended, first received first."""
+
+    def all_ended() -> dict[str, Any] | None:
+        tasks = _job_tasks(base, job_id)
+        states = [task["state"] for task in tasks.values()]
+        if len(tasks) == count and set(states) <= {"SUCCESS", "FAILURE"}:
+            return tasks
+        return None
+
+    tasks = wait_for(all_ended, 60, f"Flower to see the job's {count} tasks end")
+    return sorted(tasks.values(), key=lambda task: task["received"])
+
+
+def _assert_failed_in_one_line(task: dict[str, Any], line: str) -> None:
+    """A FAILURE that says ``line`` and nothing more: no traceback, its runtime known."""
+    assert (task["state"], task["result"], task["exception"]) == ("FAILURE", line, line)
+    assert task["traceback"] is None
+    assert task["runtime"] is not None
+    assert task["runtime"] >= 0
+
+
+def _assert_no_traceback_logged(log: Path) -> None:
+    """Expected failures leave one INFO line each in the worker's log, no traceback."""
+    text = log.read_text()
+    assert " failed: " in text
+    assert "Traceback" not in text
+    assert "ERROR/" not in text
 
 
 def test_flower_api_lists_the_tasks_of_a_running_job(
@@ -104,10 +136,14 @@ def test_flower_api_lists_the_tasks_of_a_running_job(
     tasklist, config = write_job_files(tmp_path / "job", sleep_seconds=2)
     with _flower_and_worker(tmp_path, redis_url, postgres_url) as (env, base):
         assert _get(f"{base}/api/tasks", auth=None)[0] == 401  # the API needs the password
-        # The tasks page opens on the columns that tell a job's tasks apart.
+        # The tasks page opens on merlin's columns: what matters first, the uuid last.
         status, page = _get(f"{base}/tasks")
         assert status == 200
-        assert re.findall(r'<th data-column="(\w+)"', page) == COLUMNS
+        columns = re.findall(r'<th data-column="(\w+)"', page)
+        assert columns == FLOWER_COLUMNS.split(",")
+        assert set(columns[:7]) == {
+            "name", "args", "state", "result", "received", "runtime", "worker"
+        }  # fmt: skip
         submitted = merlin(
             env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config)
         )
@@ -148,10 +184,10 @@ def test_flower_api_lists_the_tasks_of_a_running_job(
             ("merlin.step", _label(job_id, step, 1, "local")),
             ("merlin.verify", _label(job_id, step, 1, "local")),
         ]
-    ] + [("merlin.finalize", f"job={job_id}", "SUCCESS")]
+    ] + [("merlin.finalize", job_id, "SUCCESS")]
     results = [row[4] for row in rows]
     assert all(
-        re.fullmatch(r"'attempt 1 \(execute\) on local: committed \w{10}'", r)
+        re.fullmatch(r"'committed \w{10} \(attempt 1, execute on local\)'", r)
         for r in results[0:6:2]
     )
     assert results[1:6:2] == ["'passed'"] * 3
@@ -170,38 +206,72 @@ def test_flower_shows_a_failed_verification_and_the_escalation_that_follows(
             "--wait", "--json",
         )  # fmt: skip
         assert waited.returncode == 0, waited.stderr
-        job_id = json.loads(waited.stdout)["id"]
-
-        def all_ended() -> dict[str, Any] | None:
-            tasks = _job_tasks(base, job_id)
-            states = [task["state"] for task in tasks.values()]
-            if len(tasks) == 7 and set(states) <= {"SUCCESS", "FAILURE"}:
-                return tasks
-            return None
-
-        tasks = wait_for(all_ended, 60, "Flower to see the job's seven tasks end")
-    by_time = sorted(tasks.values(), key=lambda task: task["received"])
-    shown = [(t["name"], t["args"], t["state"], t["result"] or t["exception"]) for t in by_time]
+        view = json.loads(waited.stdout)
+        assert view["status"] == "completed"
+        by_time = _ended_tasks(base, view["id"], 7)
+    job_id, command = view["id"], view["steps"][0]["exit_command"]
+    shown = [(t["name"], t["args"], t["state"]) for t in by_time]
     local_1, local_2 = _label(job_id, "fix", 1, "local"), _label(job_id, "fix", 2, "local")
     premium_3 = _label(job_id, "fix", 3, "premium")
-    assert [row[:3] for row in shown] == [
+    assert shown == [
         ("merlin.step", local_1, "SUCCESS"),
         ("merlin.verify", local_1, "FAILURE"),
         ("merlin.step", local_2, "SUCCESS"),
         ("merlin.verify", local_2, "FAILURE"),
         ("merlin.step", premium_3, "SUCCESS"),
         ("merlin.verify", premium_3, "SUCCESS"),
-        ("merlin.finalize", f"job={job_id}", "SUCCESS"),
+        ("merlin.finalize", job_id, "SUCCESS"),
     ]
-    assert shown[1][3] == "failed: exit 1 -> fix on local (attempt 2)"
-    assert shown[3][3] == "failed: exit 1 -> escalate to premium (attempt 3)"
-    assert shown[4][3].startswith("'attempt 3 (escalate) on premium: committed ")
-    assert shown[5][3] == "'passed'"
-    assert shown[6][3] == "'job completed'"
+    # A failed verification: one line, what failed and what follows; no traceback.
+    failed = f"`{command}` exited with code 1"
+    _assert_failed_in_one_line(by_time[1], f"{failed} -> fix on local (attempt 2)")
+    _assert_failed_in_one_line(by_time[3], f"{failed} -> escalate to premium (attempt 3)")
+    assert by_time[4]["result"].startswith("'committed ")
+    assert by_time[4]["result"].endswith(" (attempt 3, escalate on premium)'")
+    assert [task["result"] for task in by_time[5:]] == ["'passed'", "'job completed'"]
+    assert all(task["traceback"] is None for task in by_time)
     # Each new attempt is a child of the verification that failed; one root for the job.
     assert by_time[2]["parent_id"] == by_time[1]["uuid"]
     assert by_time[4]["parent_id"] == by_time[3]["uuid"]
     assert len({task["root_id"] for task in by_time}) == 1
+    _assert_no_traceback_logged(tmp_path / "worker.log")
+
+
+def test_a_failed_model_call_fails_its_step_task_and_the_job_goes_on(
+    tmp_path: Path, py_repo: Path, redis_url: str, postgres_url: str
+) -> None:
+    tasklist, config = write_job_files(
+        tmp_path / "job", local=AUTH_ERROR, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
+    )
+    with _flower_and_worker(tmp_path, redis_url, postgres_url) as (env, base):
+        waited = merlin(
+            env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config),
+            "--wait", "--json",
+        )  # fmt: skip
+        assert waited.returncode == 0, waited.stderr
+        view = json.loads(waited.stdout)
+        assert view["status"] == "completed"  # the chain went on after the failed task
+        by_time = _ended_tasks(base, view["id"], 5)
+        attempts = json.loads(merlin(env, "logs", view["id"], "--json").stdout)
+    job_id = view["id"]
+    local_1, premium_2 = _label(job_id, "fix", 1, "local"), _label(job_id, "fix", 2, "premium")
+    assert [(t["name"], t["args"], t["state"]) for t in by_time] == [
+        ("merlin.step", local_1, "FAILURE"),
+        ("merlin.verify", local_1, "FAILURE"),
+        ("merlin.step", premium_2, "SUCCESS"),
+        ("merlin.verify", premium_2, "SUCCESS"),
+        ("merlin.finalize", job_id, "SUCCESS"),
+    ]
+    # The step task that made the failed call: the model error's first line, no more.
+    error = attempts[0]["error"].splitlines()[0]
+    assert attempts[0]["status"] == "error"
+    assert "authentication" in error.lower()
+    _assert_failed_in_one_line(by_time[0], f"{error} (attempt 1, execute on local)")
+    # Its verify still ran (handed on by the failed task, as its child), and escalated.
+    assert by_time[1]["parent_id"] == by_time[0]["uuid"]
+    _assert_failed_in_one_line(by_time[1], f"{error} -> escalate to premium (attempt 2)")
+    assert [task["result"] for task in by_time[3:]] == ["'passed'", "'job completed'"]
+    _assert_no_traceback_logged(tmp_path / "worker.log")
 
 
 def test_flower_refuses_the_embedded_broker(tmp_path: Path) -> None:
