@@ -158,4 +158,4 @@ class LeaseLost(MerlinError):
 
 
 class JobCancelled(MerlinError):
-    """The job was cancelled: the running step stops at its next turn or command."""
+    """The job ended (cancelled) while its step ran: the step stops at its next boundary."""

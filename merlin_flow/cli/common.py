@@ -76,6 +76,15 @@ PatchOption = Annotated[
     Path | None, typer.Option("--patch", help="Write the job's diff here when the job ends.")
 ]
 WaitOption = Annotated[bool, typer.Option("--wait", help="Block until the job ends.")]
+QuietOption = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        "-q",
+        help="Print only the result on stdout (no progress); warnings and errors still go "
+        "to stderr.",
+    ),
+]
 TaskListArg = Annotated[
     str,
     typer.Argument(
@@ -103,6 +112,12 @@ def guarded(work: Callable[[], T]) -> T:
         reason = (str(exc.orig or exc).splitlines() or [type(exc).__name__])[0]
         err_console.print(f"[red]error:[/] the database failed: {escape(reason)}", highlight=False)
         raise typer.Exit(1) from None
+
+
+def check_quiet(quiet: bool, as_json: bool) -> None:
+    """InputError for ``--quiet`` with ``--json``: each says what stdout holds."""
+    if quiet and as_json:
+        raise InputError("--quiet and --json each choose what is printed: give one of them")
 
 
 def usage_error(message: str) -> typer.Exit:

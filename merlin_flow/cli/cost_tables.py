@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from merlin_flow.jobs.replay import ReplayReport
 
 COST_COLUMNS = ("calls", "replayed", "cached", "failed", "tokens in", "tokens out", "cost")
+"""The numeric columns of every cost table: right-aligned, so their digits line up."""
+
+
+def _add_cost_columns(table: Table) -> None:
+    for column in COST_COLUMNS:
+        table.add_column(column, justify="right")
 
 
 def _cost_cells(row: Mapping[str, Any]) -> list[str]:
@@ -49,8 +55,11 @@ def job_costs_tables(report: JobCosts) -> list[Table]:
     if budget is not None:
         title += f" of a ${budget:.4f} budget"
     attempts = Table(title=title, title_justify="left")
-    for column in ("step", "attempt", "kind", "tier", *COST_COLUMNS):
+    attempts.add_column("step")
+    attempts.add_column("attempt", justify="right")
+    for column in ("kind", "tier"):
         attempts.add_column(column)
+    _add_cost_columns(attempts)
     for step in report["steps"]:
         for attempt in step["attempts"]:
             attempts.add_row(
@@ -62,8 +71,8 @@ def job_costs_tables(report: JobCosts) -> list[Table]:
             )
     attempts.add_row("total", "", "", "", *_cost_cells(report["total"]), style="bold")
     tiers = Table(title="per tier", title_justify="left")
-    for column in ("tier", *COST_COLUMNS):
-        tiers.add_column(column)
+    tiers.add_column("tier")
+    _add_cost_columns(tiers)
     for row in report["tiers"]:
         tiers.add_row(row["tier"], *_cost_cells(row))
     tables = [attempts, tiers]
@@ -87,8 +96,8 @@ def costs_since_table(report: CostsSince) -> Table:
         f"{report['escalations']} escalations"
     )
     table = Table(title=title, title_justify="left")
-    for column in ("tier", *COST_COLUMNS):
-        table.add_column(column)
+    table.add_column("tier")
+    _add_cost_columns(table)
     for row in report["tiers"]:
         table.add_row(row["tier"], *_cost_cells(row))
     table.add_row("total", *_cost_cells(report["total"]), style="bold")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import typer
 from rich.markup import escape
@@ -19,6 +19,7 @@ from rich.markup import escape
 from merlin_flow.cli.common import T, console, err_console, rule
 
 if TYPE_CHECKING:
+    from merlin_flow.jobs.logs import LogEntry
     from merlin_flow.jobs.views import JobView
     from merlin_flow.store import Database
     from workers.roles import EmbeddedWorker
@@ -134,8 +135,8 @@ def _cancel_here(db: Database, job_id: str, worker: EmbeddedWorker) -> None:
         err_console.print(f"interrupted; {escape(str(exc))}", highlight=False)
         return
     err_console.print(
-        f"interrupted: job {job_id} cancelled; waiting for its running step to stop at its "
-        "next model or tool call (Ctrl-C again to stop waiting)",
+        f"interrupted: job {job_id} cancelled; waiting for its running step to stop (a "
+        "command it runs is stopped at once; Ctrl-C again to stop waiting)",
         highlight=False,
     )
     try:
@@ -205,11 +206,12 @@ def finish(
     junit: Path | None = None,
     patch: Path | None = None,
     workers_here: bool = False,
+    quiet: bool = False,
 ) -> None:
     """Show the job until it ends, write the CI reports asked for; exit 1 unless completed.
 
     Unless a worker runs in this process (``workers_here``), warn first when no worker
-    serves the queues.
+    serves the queues. ``quiet``: no progress, and the outcome in one line.
     """
     from merlin_flow.jobs.reports import junit_xml, write_atomically
     from merlin_flow.jobs.views import job_diff
@@ -218,7 +220,7 @@ def finish(
 
     if not workers_here:
         warn_if_no_worker(db, job_id)
-    view = follow(db, job_id, as_json)
+    view = follow(db, job_id, as_json or quiet)
     try:
         if junit is not None:
             write_atomically(junit, junit_xml(view))
@@ -229,6 +231,8 @@ def finish(
         raise typer.Exit(1) from None
     if as_json:
         console.print_json(json.dumps(view))
+    elif quiet:
+        console.print(outcome_line(view), markup=False, highlight=False)
     else:
         _print_outcome(view)
     if view["status"] != JobStatus.COMPLETED:
@@ -255,42 +259,39 @@ def follow(db: Database, job_id: str, quiet: bool) -> JobView:
     return view
 
 
-def follow_logs(db: Database, job_id: str, step_key: str | None, poll: float = 0.5) -> None:
-    """Print each attempt's conversation as it grows, until the job ends."""
-    import time
+def follow_logs(db: Database, job_id: str, step_key: str | None, as_json: bool = False) -> None:
+    """Print the job's log as it is written, until the job ends: text, or JSON lines."""
+    import os
+    import sys
 
     from merlin_flow.cli.transcripts import attempt_footer, attempt_header, message_lines
-    from merlin_flow.jobs.logs import job_logs
-    from merlin_flow.jobs.views import job_view
-    from merlin_flow.store.status import OPEN_ATTEMPT_STATUSES
+    from merlin_flow.jobs.logs import follow_log
 
-    shown: dict[tuple[str, int], int] = {}  # messages printed, per (step, attempt)
-    closed: set[tuple[str, int]] = set()
-    while True:
-        ended = job_view(db, job_id)["finished_at"] is not None  # then the logs are final
-        for entry in job_logs(db, job_id, step_key):
-            key = (entry["step"], entry["number"])
-            messages = entry["transcript"]
-            if key not in shown:
-                console.print(attempt_header(entry))
-            elif len(messages) < shown[key]:  # its worker was lost; the attempt restarted
-                console.print(f"(attempt {entry['number']} restarted on another worker)")
-                shown[key] = 0
-            for message in messages[shown.get(key, 0) :]:
-                for line in message_lines(message):
-                    console.print(line)
-            shown[key] = len(messages)
-            if entry["status"] not in OPEN_ATTEMPT_STATUSES and key not in closed:
-                closed.add(key)
-                console.print(
-                    f"── attempt {entry['number']} of step {entry['step']}: {entry['status']}",
-                    highlight=False,
-                )
-                for line in attempt_footer(entry):
-                    console.print(line)
-        if ended:
-            return
-        time.sleep(poll)
+    for line in follow_log(db, job_id, step_key):
+        if as_json:  # one object a line, flushed at once for a pipe's reader
+            try:
+                sys.stdout.write(json.dumps(line) + "\n")
+                sys.stdout.flush()
+            except BrokenPipeError:  # the reader has gone (`| head -1`): stop following
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                return
+            continue
+        kind = line["type"]
+        entry = cast("LogEntry", {**line, "number": line["attempt"]})  # its fields, renamed
+        if kind == "attempt_start":
+            console.print(attempt_header(entry))
+        elif kind == "attempt_restarted":
+            console.print(f"(attempt {line['attempt']} restarted on another worker)")
+        elif kind == "message":
+            for text in message_lines(line["message"]):
+                console.print(text)
+        elif kind == "attempt_end":
+            console.print(
+                f"── attempt {line['attempt']} of step {line['step']}: {line['status']}",
+                highlight=False,
+            )
+            for text in attempt_footer(entry):
+                console.print(text)
 
 
 def show_diff(db: Database, job_id: str) -> None:
@@ -318,6 +319,16 @@ def _wait_quietly(db: Database, job_id: str) -> JobView:
     while (view := job_view(db, job_id))["finished_at"] is None:
         time.sleep(0.3)
     return view
+
+
+def outcome_line(view: JobView) -> str:
+    """A job's end in one line: ``job 3f2c completed: branch merlin/3f2c``, or its error."""
+    from merlin_flow.store.status import JobStatus
+
+    if view["status"] == JobStatus.COMPLETED:
+        return f"job {view['id']} completed: branch {view['branch']}"
+    first = (view["error"] or "").strip().splitlines()
+    return f"job {view['id']} {view['status']}" + (f": {first[0]}" if first else "")
 
 
 def _print_outcome(view: JobView) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,9 @@ from merlin_flow.cli.following import (
     stop_waiting_on_interrupt,
 )
 from merlin_flow.errors import InputError
+
+if TYPE_CHECKING:
+    from merlin_flow.store.status import JobStatus
 
 
 def status(
@@ -53,15 +56,50 @@ def status(
     guarded(work)
 
 
-def list_(as_json: JsonOption = False) -> None:
+def _job_statuses(incomplete: str) -> list[str]:
+    """Shell completion of ``--status``: the job statuses that start with what is typed."""
+    from merlin_flow.store.status import JobStatus
+
+    return [status.value for status in JobStatus if status.value.startswith(incomplete)]
+
+
+def job_statuses(names: list[str]) -> list[JobStatus]:
+    """``--status`` values as job statuses; InputError naming the known ones otherwise."""
+    from merlin_flow.store.status import JobStatus
+
+    known = [status.value for status in JobStatus]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise InputError(
+            f"--status {unknown[0]!r} is not a job status; the statuses: {', '.join(known)}"
+        )
+    return [JobStatus(name) for name in names]
+
+
+def list_(
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--status",
+            help="Only jobs in this status (repeat it for several), e.g. failed.",
+            metavar="STATUS",
+            autocompletion=_job_statuses,
+        ),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, metavar="N", help="At most N jobs, the newest.")
+    ] = 50,
+    as_json: JsonOption = False,
+) -> None:
     """List recent jobs, newest first."""
 
     def work() -> None:
         from merlin_flow.cli.render import jobs_table
         from merlin_flow.jobs.views import list_jobs
 
+        statuses = job_statuses(status or [])
         _, db = state()
-        jobs = list_jobs(db)
+        jobs = list_jobs(db, limit, statuses)
         if as_json:
             console.print_json(json.dumps(jobs))
         else:
@@ -99,7 +137,10 @@ def logs(
     follow_: Annotated[
         bool,
         typer.Option(
-            "--follow", "-f", help="Print the conversations as they happen, until the job ends."
+            "--follow",
+            "-f",
+            help="Print the conversations as they happen, until the job ends (with --json: "
+            "one JSON object a line).",
         ),
     ] = False,
     as_json: JsonOption = False,
@@ -112,11 +153,9 @@ def logs(
 
         _, db = state()
         if follow_:
-            if as_json:
-                raise InputError("--follow prints as it goes; use it without --json")
             job_logs(db, job_id, step)  # an unknown job or step is refused first
             with stop_waiting_on_interrupt(job_id):
-                follow_logs(db, job_id, step)
+                follow_logs(db, job_id, step, as_json)
             return
         entries = job_logs(db, job_id, step)
         if as_json:

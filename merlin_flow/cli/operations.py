@@ -78,6 +78,13 @@ def worker_name(queues: str, suffix: str) -> str:
     return f"merlin-{role}-{suffix}@%h"
 
 
+FLOWER_COLUMNS = "name,args,state,result,received,runtime,worker,uuid"
+"""The tasks page's default columns, by importance: what a 1600-pixel screen shows first.
+
+Flower caps args and result at 400 pixels; a failed task's line is in result too, so
+exception is left out."""
+
+
 def flower(
     port: Annotated[int, typer.Option("--port", help="HTTP port.")] = 5555,
     address: Annotated[
@@ -97,15 +104,16 @@ def flower(
             "--columns",
             help="Columns of Flower's tasks page, in order (Flower's --tasks_columns).",
         ),
-    ] = "name,args,state,result,exception,received,runtime,worker,uuid",
+    ] = FLOWER_COLUMNS,
 ) -> None:
     """Run Flower on merlin's Celery app (needs the Redis broker).
 
     Without --basic-auth, Flower's HTTP API stays closed (unless FLOWER_UNAUTHENTICATED_API
     is set) and the UI binds to 127.0.0.1 only. Flower keeps tasks in memory; job history
     is merlin's store (`merlin list`, `merlin status`). The tasks page opens on the
-    columns that tell a job's tasks apart: args (job, step, attempt, tier), state, and
-    the result, or for a failed step the exception (what failed and what follows).
+    columns that fit a 1600-pixel screen: name, args (job, tier and attempt, step),
+    state, result (a failed task's one line too), received, runtime, worker; the uuid,
+    which links to a task's page, comes last.
     """
     from merlin_flow.settings import get_settings
 
@@ -126,7 +134,7 @@ def flower(
 
 
 def cancel(job_id: JobArg) -> None:
-    """Cancel a job: pending steps never start, the running step stops at its next turn."""
+    """Cancel a job: pending steps never start, the running step and its command stop."""
 
     def work() -> None:
         from merlin_flow.jobs.control import cancel_job
@@ -137,8 +145,8 @@ def cancel(job_id: JobArg) -> None:
         view = job_view(db, job_id)
         if view["finished_at"] is None:
             console.print(
-                f"job {job_id} cancelled; its running step stops at its next model or tool "
-                "call (`merlin watch` shows when)"
+                f"job {job_id} cancelled; its running step stops (a command it runs within a "
+                "second, else at its next model or tool call; `merlin watch` shows when)"
             )
         else:
             kept = f"branch {view['branch']} kept as it was" if view["branch"] else "no branch"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -23,6 +24,10 @@ if TYPE_CHECKING:
 
     from merlin_flow.config import MerlinConfig
     from merlin_flow.tasklist import TaskList
+
+N = TypeVar("N", int, float)
+UNKNOWN = "unknown"
+"""What the plan's preview says for an estimate it does not have."""
 
 
 def plan(
@@ -79,9 +84,22 @@ def plan(
         record = plan_record(made, tasklist.model_dump(mode="json") if tasklist else {"steps": []})
         console.print(plan_table(record, merlin_config, tasklist))
         if out is not None:
-            console.print(f"written to {escape(str(out))}: edit it, then `merlin submit {out}`")
+            again = submit_command(out, repo, config)
+            console.print(f"written to {escape(str(out))}: edit it, then `{escape(again)}`")
 
     guarded(work)
+
+
+def submit_command(tasklist: Path, repo: str, config: Path | None) -> str:
+    """``merlin submit FILE``, with the ``--repo`` and ``--config`` the plan was made with."""
+    import shlex
+
+    words = ["merlin", "submit", str(tasklist)]
+    if repo != ".":
+        words += ["--repo", repo]
+    if config is not None:
+        words += ["--config", str(config)]
+    return shlex.join(words)
 
 
 def plan_table(
@@ -102,7 +120,8 @@ def plan_table(
     if record["fallback"]:
         how = Text(
             "FALLBACK: the planner's answer could not be used, so the plan is one step "
-            "carrying the whole request. Problems: " + "; ".join(record["problems"]),
+            "carrying the whole request. Problems: "
+            + "; ".join(problem.rstrip(".") for problem in record["problems"]),
             style="yellow",
         )
     elif record["planned"]:
@@ -119,29 +138,41 @@ def plan_table(
     for column in ("step", "type", "title", "depends on", "est. tokens", "est. cost (tier)"):
         table.add_column(column, overflow="fold")
     by_id = {step["id"]: step for step in record["steps"]}
-    total_tokens, total_cost, unknown = 0, 0.0, False
+    tokens_of: list[int | None] = []
+    costs: list[float | None] = []
     for task in tasklist.steps:
         planned = by_id.get(task.id)
         tokens = planned["estimated_tokens"] if planned else None
         tier = config.tiers[start_tier(task, config)[0]]
         cost = None if tokens is None or tier.price_in is None else tokens * tier.price_in / 1e6
-        total_tokens += tokens or 0
-        total_cost += cost or 0.0
-        unknown = unknown or cost is None
+        tokens_of.append(tokens)
+        costs.append(cost)
         table.add_row(
             task.id,
             task.step_type.value,
             planned["title"] if planned else task.description.splitlines()[0],
             ", ".join(task.depends_on or []) or "-",
-            "?" if tokens is None else str(tokens),
-            ("?" if cost is None else f"${cost:.4f}") + f" ({tier.name})",
+            estimate(tokens, str),
+            estimate(cost, "${:.4f}".format) + f" ({tier.name})",
         )
-    floor = "≥" if unknown and total_cost else ""
     table.add_row(
-        "total", "", "", "", str(total_tokens),
-        "?" if unknown and not total_cost else f"{floor}${total_cost:.4f}", style="bold",
-    )  # fmt: skip
+        "total", "", "", "", total(tokens_of, str), total(costs, "${:.4f}".format), style="bold"
+    )
     return Group(how, table)
+
+
+def estimate(value: N | None, show: Callable[[N], str]) -> str:
+    """One step's estimate: ``unknown`` when there is none."""
+    return UNKNOWN if value is None else show(value)
+
+
+def total(values: Sequence[N | None], show: Callable[[N], str]) -> str:
+    """The sum of the estimates: ``unknown`` when none is known, ``≥N`` when some are not."""
+    known = [value for value in values if value is not None]
+    if not known and values:
+        return UNKNOWN
+    floor = "≥" if len(known) < len(values) else ""
+    return floor + show(sum(known))
 
 
 def _project_specs(repo: str, config: Path | None) -> tuple[list[Any], Any]:

@@ -31,9 +31,11 @@ from merlin_flow.cli.common import (
     JsonOption,
     JunitOption,
     PatchOption,
+    QuietOption,
     RepoOption,
     TaskListArg,
     WaitOption,
+    check_quiet,
     check_report_paths,
     console,
     err_console,
@@ -111,16 +113,18 @@ def run(
         ),
     ] = OnInterrupt.ASK,
     yes: YesOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Run a TaskList, or a request in plain words, in this process, with live progress.
 
     A request is planned first (see `merlin plan`) and its plan shown for approval; a
-    question is answered and its answer printed.
+    question is answered and its answer printed. `--quiet` prints only the outcome line.
     """
 
     def work() -> None:
         from merlin_flow.jobs.submission import check_budget
 
+        check_quiet(quiet, as_json)
         check_report_paths(junit, patch)
         check_budget(budget)
         path = tasklist_file(tasklist)
@@ -143,8 +147,8 @@ def run(
         run_embedded(
             db,
             job_id,
-            as_json,
-            until=lambda: finish(db, job_id, as_json, junit, patch, workers_here=True),
+            as_json or quiet,
+            until=lambda: finish(db, job_id, as_json, junit, patch, workers_here=True, quiet=quiet),
             on_interrupt=on_interrupt,
         )
 
@@ -169,6 +173,7 @@ def submit(
         ),
     ] = False,
     yes: YesOption = False,
+    quiet: QuietOption = False,
 ) -> None:
     """Enqueue a TaskList, or a request in plain words, for the workers; print the job id.
 
@@ -176,10 +181,11 @@ def submit(
     `merlin approve` (or `--yes` approves it now). A question is answered here.
     For pipelines: `--wait --json` prints the final job as JSON and exits 0 (completed),
     1 (failed, cancelled, budget exceeded, rejected) or 2 (bad input); `--junit` and
-    `--patch` write reports when the job ends.
+    `--patch` write reports when the job ends; `--quiet` the id, then the outcome line.
     """
 
     def work() -> None:
+        check_quiet(quiet, as_json)
         if (junit or patch) and not wait:
             raise InputError("--junit and --patch are written when the job ends: add --wait")
         from merlin_flow.jobs.submission import check_budget
@@ -212,7 +218,7 @@ def submit(
             warn_if_no_worker(db)
         if wait:
             with stop_waiting_on_interrupt(job_id):
-                finish(db, job_id, as_json, junit, patch)
+                finish(db, job_id, as_json, junit, patch, quiet=quiet)
 
     guarded(work)
 

@@ -7,6 +7,8 @@ on its job (``plan.transcript``), is shown as one attempt of a step called
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import func, select
@@ -15,8 +17,23 @@ from sqlalchemy.orm import Session
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.failures import AttemptKind
 from merlin_flow.jobs.costs import cost_fields
-from merlin_flow.jobs.views import AttemptView, attempt_view
-from merlin_flow.store import Attempt, AttemptStatus, Database, Job, JobStatus, LlmCall, Step
+from merlin_flow.jobs.views import (
+    AttemptView,
+    EventView,
+    attempt_view,
+    events_since,
+    job_view,
+)
+from merlin_flow.store import (
+    OPEN_ATTEMPT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    Database,
+    Job,
+    JobStatus,
+    LlmCall,
+    Step,
+)
 
 
 class LogEntry(AttemptView):
@@ -88,6 +105,88 @@ def _question_log(session: Session, job: Job) -> LogEntry:
         **cost_fields(float(calls[2] or 0.0), 0),
         "transcript": transcript,
     }
+
+
+LogLine = dict[str, Any]
+"""One line of ``merlin logs --follow --json``: a JSON object whose ``type`` says which
+(docs/reference.md). Each has ``job``, ``step`` and ``attempt`` (None where it belongs to
+no step or attempt)."""
+
+
+def follow_log(
+    db: Database,
+    job_id: str,
+    step_key: str | None = None,
+    poll: float = 0.5,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[LogLine]:
+    """The job's log as it is written, in lines, until the job has ended.
+
+    Each poll gives the events recorded since the last one (of ``step_key`` only, if
+    given), then for each attempt: ``attempt_start`` once, its new messages, and
+    ``attempt_end`` once it has a verdict. ``job_end`` comes last. An attempt whose
+    transcript shrank (its worker was lost and it started again) gives
+    ``attempt_restarted``, then its messages again from the first.
+    """
+    shown: dict[tuple[str, int], int] = {}  # messages given, per (step, attempt)
+    closed: set[tuple[str, int]] = set()
+    last_event = 0
+    while True:
+        ended = _finalized(db, job_id)  # then what follows is the whole rest
+        entries = job_logs(db, job_id, step_key)  # before the events, so an attempt's
+        # `attempt_started` event is given before its own lines
+        for event in events_since(db, job_id, last_event):
+            last_event = event["id"]
+            if step_key is None or event["step_key"] == step_key:
+                yield _event_line(job_id, event)
+        for entry in entries:
+            yield from _attempt_lines(job_id, entry, shown, closed)
+        if ended:
+            view = job_view(db, job_id)
+            yield {
+                "type": "job_end", "job": job_id, "step": None, "attempt": None,
+                "status": view["status"], "branch": view["branch"], "error": view["error"],
+                "patch": view["patch"],
+            }  # fmt: skip
+            return
+        sleep(poll)
+
+
+def _finalized(db: Database, job_id: str) -> bool:
+    """Whether the job has ended and been closed (its logs are final)."""
+    with db.reader() as session:
+        job = session.get(Job, job_id)
+        return job is not None and job.finished_at is not None
+
+
+def _event_line(job_id: str, event: EventView) -> LogLine:
+    data = event["data"] or {}
+    return {
+        "type": "event", "job": job_id, "step": event["step_key"],
+        "attempt": data.get("attempt"), "id": event["id"], "kind": event["kind"],
+        "message": event["message"], "data": event["data"], "created_at": event["created_at"],
+    }  # fmt: skip
+
+
+def _attempt_lines(
+    job_id: str, entry: LogEntry, shown: dict[tuple[str, int], int], closed: set[tuple[str, int]]
+) -> Iterator[LogLine]:
+    """An attempt's new lines: its start when first seen, new messages, its end once."""
+    key = (entry["step"], entry["number"])
+    where = {"job": job_id, "step": entry["step"], "attempt": entry["number"]}
+    fields = {k: v for k, v in entry.items() if k not in ("step", "number", "transcript")}
+    messages = entry["transcript"]
+    if key not in shown:
+        yield {"type": "attempt_start", **where, **fields}
+    elif len(messages) < shown[key]:
+        yield {"type": "attempt_restarted", **where}
+        shown[key] = 0
+    for index in range(shown.get(key, 0), len(messages)):
+        yield {"type": "message", **where, "index": index, "message": messages[index]}
+    shown[key] = len(messages)
+    if entry["status"] not in OPEN_ATTEMPT_STATUSES and key not in closed:
+        closed.add(key)
+        yield {"type": "attempt_end", **where, **fields}
 
 
 def last_tool_calls(db: Database, job_id: str) -> dict[str, str]:

@@ -6,6 +6,7 @@ Creating a job is ``merlin_flow.jobs.submission``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Any, TypedDict
 
@@ -247,10 +248,15 @@ def made_branch(job: Job) -> str | None:
     return None
 
 
-def list_jobs(db: Database, limit: int = 50) -> list[JobListEntry]:
-    """The newest jobs, newest first: what ``merlin list --json`` prints."""
+def list_jobs(
+    db: Database, limit: int = 50, statuses: Collection[JobStatus] = ()
+) -> list[JobListEntry]:
+    """The ``limit`` newest jobs (of ``statuses``, if given), newest first: ``merlin list``."""
+    query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
+    if statuses:
+        query = query.where(Job.status.in_([status.value for status in statuses]))
     with db.reader() as session:
-        jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit)).all()
+        jobs = session.scalars(query).all()
         return [
             {
                 "id": job.id,

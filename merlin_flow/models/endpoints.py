@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.config import SCRIPTED_PREFIX, MerlinConfig, Tier
 
 BASE_VARIABLES: dict[str, tuple[str, ...]] = {
     "openai": ("OPENAI_BASE_URL", "OPENAI_API_BASE"),
@@ -100,8 +100,8 @@ def pin_endpoints(config: MerlinConfig, environ: Mapping[str, str] | None = None
 
 def describe(tier: Tier) -> str:
     """``tier`` for messages: its name, model and endpoint."""
-    if tier.is_scripted:
-        return f"tier {tier.name!r} ({tier.model})"
+    if tier.is_scripted:  # `scripted/` + an absolute path: name the script, one slash
+        return f"tier {tier.name!r} (scripted model {tier.model.removeprefix(SCRIPTED_PREFIX)})"
     where = tier.api_base or "the provider's default endpoint"
     return f"tier {tier.name!r} ({tier.model} at {where})"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import select
@@ -27,6 +28,7 @@ from tests.e2e.helpers import (
 
 pytestmark = pytest.mark.e2e
 SLEEP = 'run_command {"command": "sleep 4"}'
+SLEEP_CALL = '\\"command\\": \\"sleep 4\\"'  # the call's arguments, as a JSON line has them
 
 
 def _read_pty_until(fd: int, needle: str, timeout: float) -> str:
@@ -58,6 +60,10 @@ def test_the_conversation_is_visible_while_the_agent_works(tmp_path: Path, py_re
             [*MERLIN, "logs", job_id, "--follow"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+        following_json = subprocess.Popen(
+            [*MERLIN, "logs", job_id, "--follow", "--json"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         primary, secondary = pty.openpty()
         rows_columns_pixels = struct.pack("HHHH", 50, 160, 0, 0)
         fcntl.ioctl(secondary, termios.TIOCSWINSZ, rows_columns_pixels)
@@ -77,6 +83,13 @@ def test_the_conversation_is_visible_while_the_agent_works(tmp_path: Path, py_re
             assert "double() added" not in during  # the conversation is not over yet
             # `merlin watch` on a terminal shows the working step's last tool call.
             _read_pty_until(primary, f"[slow] now: → {SLEEP}", 30)
+            # `--follow --json` has given the call as a line of its own, before the job ended
+            assert following_json.stdout is not None
+            early = [json.loads(following_json.stdout.readline())]
+            while not (early[-1]["type"] == "message" and SLEEP_CALL in json.dumps(early[-1])):
+                early.append(json.loads(following_json.stdout.readline()))
+            assert (early[-1]["step"], early[-1]["attempt"]) == ("slow", 1)
+            assert following_json.poll() is None  # a line as it happens, not all at the end
             _read_pty_until(primary, "completed", 120)  # read on: a full terminal blocks it
             assert watching.wait(timeout=30) == 0
         finally:
@@ -84,8 +97,15 @@ def test_the_conversation_is_visible_while_the_agent_works(tmp_path: Path, py_re
             if watching.poll() is None:
                 watching.kill()
         out, err = following.communicate(timeout=120)
+        json_out, json_err = following_json.communicate(timeout=120)
     finally:
         stop_worker(worker)
+    assert following_json.returncode == 0, json_err
+    lines = early + [json.loads(text) for text in json_out.splitlines()]
+    assert lines[-1]["type"] == "job_end"
+    assert lines[-1]["status"] == "completed"
+    ends = [(x["step"], x["attempt"], x["status"]) for x in lines if x["type"] == "attempt_end"]
+    assert ends == [("fix", 1, "passed"), ("slow", 1, "passed"), ("docs", 1, "passed")]
     assert following.returncode == 0, err
     assert status_json(env, job_id)["status"] == "completed"
     order = [

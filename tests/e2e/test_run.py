@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import git
 from tests.e2e.conftest import Backend
+from tests.e2e.doc_examples import normalized
 from tests.e2e.helpers import merlin, merlin_env, start_worker, stop_worker, write_job_files
 
 pytestmark = pytest.mark.e2e
@@ -170,20 +171,6 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     assert "FAILED test_app.py::test_answer - assert 43 == 42" in failure.text
 
 
-def _normalized(text: str) -> list[str]:
-    """Lines with what changes from run to run (times, ids, hashes, paths) replaced."""
-    for pattern, stand_in in (
-        (r"^\d\d:\d\d:\d\d ", "HH:MM:SS "),
-        (r"\b[0-9a-f]{12}\b", "JOB"),
-        (r"committed [0-9a-f]{10}\b", "committed COMMIT"),
-        (r" in \d+\.\d+s\b", " in N.NNs"),
-        (r" · \d+s · ", " · Ns · "),
-        (r"(throwaway repository|patch): /\S+", r"\1: PATH"),
-    ):
-        text = re.sub(pattern, stand_in, text, flags=re.MULTILINE)
-    return text.splitlines()
-
-
 def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:
     env = merlin_env(tmp_path / "home")
     result = merlin(env, "demo", timeout=180)
@@ -195,9 +182,9 @@ def test_demo_escalates_and_succeeds(tmp_path: Path) -> None:
         r"```text\n(throwaway repository.*?|job [0-9a-f]{12} · .*?)```", quickstart, re.S
     )
     assert len(samples) == 2
-    lines = _normalized(out)
+    lines = normalized(out)
     for sample in samples:
-        expected = _normalized(sample)
+        expected = normalized(sample)
         start = lines.index(expected[0])
         assert lines[start : start + len(expected)] == expected
     assert "scripted" in out.lower()
@@ -320,3 +307,18 @@ def test_budget_stops_the_job_before_an_escalation_it_cannot_pay(
     attempts = view["steps"][0]["attempts"]
     assert [(a["kind"], a["tier"]) for a in attempts] == [("execute", "local"), ("fix", "local")]
     assert 0 < view["cost_usd"] <= 0.01  # the local calls were paid; no premium call was made
+
+
+def test_run_quiet_prints_only_the_outcome_line(tmp_path: Path, py_repo: Path) -> None:
+    env = merlin_env(tmp_path / "home")
+    job_args = ["--repo", str(py_repo), "-q"]
+    right = PREMIUM_RIGHT.replace("match: 'solve the step afresh'\n    turn", "turn")
+    passing, config = write_job_files(tmp_path / "pass", local=right, tasklist=ONE_STEP)
+    result = merlin(env, "run", str(passing), "--config", str(config), *job_args)
+    assert result.returncode == 0, result.stderr
+    match = re.fullmatch(r"job (\w+) completed: branch merlin/\1\n", result.stdout)
+    assert match, result.stdout  # no banner, no table, no patch line: the outcome alone
+    failing, config = write_job_files(tmp_path / "fail", local="rules: []\n", tasklist=ONE_STEP)
+    failed = merlin(env, "run", str(failing), "--config", str(config), *job_args)
+    assert failed.returncode == 1, failed.stderr
+    assert re.fullmatch(r"job \w+ failed: [^\n]+\n", failed.stdout), failed.stdout

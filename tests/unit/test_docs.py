@@ -37,3 +37,41 @@ def test_every_event_kind_is_in_the_reference() -> None:
     kinds = REFERENCE.split("Event kinds", 1)[1].split("\n\n", 1)[0]
     assert "`job_finished`" in kinds  # the list is read
     assert [kind.value for kind in EventKind if f"`{kind.value}`" not in kinds] == []
+
+
+def test_the_readme_lists_every_user_page_of_the_docs() -> None:
+    listed = (ROOT / "README.md").read_text().split("## Documentation", 1)[1].split("\n## ")[0]
+    for_contributors = {"architecture.md", "BENCHMARKS.md", "RELIABILITY.md"}  # CONTRIBUTING's
+    pages = {page.name for page in (ROOT / "docs").glob("*.md")} - for_contributors
+    assert "models.md" in pages
+    assert sorted(page for page in pages if f"](docs/{page})" not in listed) == []
+
+
+def test_the_schema_error_operations_shows_is_the_one_merlin_prints() -> None:
+    from merlin_flow.store.database import head_revision
+
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    printed = f"error: database schema is at nothing, not at {head_revision()}: run `merlin db"
+    assert printed in operations
+
+
+def test_the_reference_command_list_is_what_the_help_says() -> None:
+    import typer.main
+
+    from merlin_flow.cli.app import app
+
+    group = typer.main.get_command(app)
+    assert hasattr(group, "commands")  # typer's group: click's, or typer's own copy
+    block = REFERENCE.split("## Command line", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    rows = [re.match(r"  (\S+)( \S+)?\s{2,}(.*)", line) for line in block.splitlines()[1:]]
+    listed = {row.group(1): (row.group(2), row.group(3)) for row in rows if row}
+    assert len(listed) == len(rows)  # every row is read
+    assert sorted(listed) == sorted(group.commands)  # every command, and only those
+    for name, (sub, text) in listed.items():
+        command = group.commands[name]
+        if hasattr(command, "commands"):  # `specs list|show`: its subcommands
+            assert sub is not None, name
+            assert sub.strip().split("|") == list(command.commands), name
+        else:
+            said = " ".join((command.help or "").split("\n\n")[0].split())
+            assert (name, text) == (name, said)

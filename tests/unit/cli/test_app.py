@@ -107,3 +107,70 @@ def test_the_agents_command_list_gives_each_first_sentence_whole() -> None:
         assert sentence in commands
     top = " ".join(runner.invoke(app, ["--help"]).output.split())
     assert "agents Agents: Markdown files with YAML front matter that give a step its prompt" in top
+
+
+def _merlin_script() -> str:
+    """The `merlin` console script of this environment."""
+    import sys
+    from pathlib import Path
+
+    return str(Path(sys.executable).parent / "merlin")
+
+
+@pytest.mark.parametrize(
+    ("shell", "line"),
+    [
+        ("bash", "complete -o default -F _merlin_completion merlin"),
+        ("zsh", "#compdef merlin"),
+        ("fish", "complete --command merlin --no-files"),
+    ],
+)
+def test_each_shell_gets_a_completion_script(shell: str, line: str) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "_MERLIN_COMPLETE": f"source_{shell}"}
+    result = subprocess.run(
+        [_merlin_script()], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert line in result.stdout
+
+
+def test_show_completion_prints_the_script_of_the_shell_it_runs_in() -> None:
+    import subprocess
+
+    shown = subprocess.run(  # `; :` keeps bash the parent, not replaced by merlin
+        ["bash", "-c", f"{_merlin_script()} --show-completion; :"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "complete -o default -F _merlin_completion merlin" in shown.stdout, shown.stderr
+
+
+def test_completion_offers_commands_and_job_statuses() -> None:
+    import os
+    import subprocess
+
+    def complete(*words: str) -> list[str]:
+        env = {
+            **os.environ, "_MERLIN_COMPLETE": "complete_bash",
+            "COMP_WORDS": " ".join(["merlin", *words]), "COMP_CWORD": str(len(words)),
+        }  # fmt: skip
+        result = subprocess.run(
+            [_merlin_script()], env=env, capture_output=True, text=True, timeout=60, check=True
+        )
+        return result.stdout.split()
+
+    assert complete("li") == ["list"]
+    assert "--status" in complete("list", "--")
+    assert complete("list", "--status", "f") == ["failed"]
+    assert complete("list", "--status", "") == [
+        "planning", "awaiting_approval", "pending", "running", "completed",
+        "partially_completed", "failed", "cancelled", "budget_exceeded", "rejected",
+    ]  # fmt: skip
+
+
+def test_install_and_show_completion_are_offered() -> None:
+    output = runner.invoke(app, ["--help"]).output
+    assert "--install-completion" in output
+    assert "--show-completion" in output

@@ -51,3 +51,31 @@ def test_the_cost_tables_of_a_job(
     assert all("$0.0000" in line for line in local)
     since = _text(costs_since_table(costs_since(db, timedelta(days=1))))
     assert "local" in since
+
+
+def _row(tier: str, calls: int, tokens: int, cost: float) -> dict[str, Any]:
+    return {
+        "tier": tier, "calls": calls, "replayed_calls": 0, "cached_calls": calls // 2,
+        "failed_calls": 1, "prompt_tokens": tokens, "completion_tokens": tokens // 10,
+        "cost_usd": cost, "known_cost_usd": cost, "unpriced_calls": 0,
+    }  # fmt: skip
+
+
+def test_the_numbers_are_right_aligned_so_their_digits_line_up() -> None:
+    rows = [_row("local", 7, 5, 0.5), _row("premium", 1234, 120_000, 12.25)]
+    report: Any = {
+        "jobs": 2, "since": "2026-11-01T00:00:00Z", "escalations": 1, "tiers": rows,
+        "total": _row("total", 1241, 120_005, 12.75),
+    }  # fmt: skip
+    lines = _text(costs_since_table(report)).splitlines()
+    body = [line for line in lines if line.startswith("│ ")]
+    assert [line.split("│")[1].strip() for line in body] == ["local", "premium", "total"]
+    for line in body:
+        numeric = line.split("│")[2:-1]  # the cells after the tier's
+        assert len(numeric) == 7
+        for cell in numeric:  # a right-aligned cell has one space of padding after its text
+            assert cell.endswith(" "), line
+            assert not cell.endswith("  "), line
+    # so each column's last digits are in one place on every row
+    ends = {line.index("$") + len(line.split("$")[1].split(" ")[0]) for line in body}
+    assert len(ends) == 1, body

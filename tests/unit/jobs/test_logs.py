@@ -80,3 +80,84 @@ def test_the_latest_tool_call_is_one_line() -> None:
     ]
     assert tool_call_line(messages) == 'run_command {"command": "pytest -q"}'
     assert tool_call_line(messages[:1]) is None
+
+
+def test_following_gives_each_line_once_in_order_and_ends_with_the_job(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from merlin_flow.engine.attempt import execute_step
+    from merlin_flow.engine.finalize import finalize_job
+    from merlin_flow.engine.verdict import verify_step
+    from merlin_flow.jobs.logs import follow_log
+    from tests.unit.scripted_jobs import scripted_job
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    work = [  # what the workers do between two polls
+        lambda: execute_step(db, settings, job_id, "s0", "w:1"),
+        lambda: verify_step(db, settings, job_id, "s0", "w:2"),
+        lambda: finalize_job(db, settings, job_id),
+    ]
+    polls: list[int] = []
+    lines: list[dict[str, object]] = []
+
+    def between_polls(seconds: float) -> None:
+        polls.append(len(lines))
+        work.pop(0)()
+
+    for line in follow_log(db, job_id, poll=0.01, sleep=between_polls):
+        json.dumps(line)  # every line is JSON as it is
+        assert {"type", "job", "step", "attempt"} <= set(line), line
+        assert line["job"] == job_id
+        lines.append(line)
+    assert work == []  # it followed the job to its end, and no further
+    kinds = [line["type"] for line in lines]
+    assert kinds[-1] == "job_end"
+    assert (lines[-1]["status"], lines[-1]["branch"]) == ("completed", f"merlin/{job_id}")
+    first, *_ = [n for n, kind in enumerate(kinds) if kind == "attempt_start"]
+    # the attempt was committed (not yet verified) at the second poll: its start, its
+    # messages in order, and its end only at the third, after the verification
+    assert polls[0] <= first < polls[1]
+    messages = [line for line in lines if line["type"] == "message"]
+    assert [m["index"] for m in messages] == list(range(len(messages)))
+    assert {(m["step"], m["attempt"]) for m in messages} == {("s0", 1)}
+    roles = [m["message"]["role"] for m in messages]  # type: ignore[index]
+    assert roles[:2] == ["user", "assistant"]
+    [end] = [line for line in lines if line["type"] == "attempt_end"]
+    assert (end["step"], end["attempt"], end["status"]) == ("s0", 1, "passed")
+    assert (end["exit_code"], end["kind"], end["tier"]) == (0, "execute", "local")
+    assert kinds.index("attempt_end") > max(n for n, k in enumerate(kinds) if k == "message")
+    assert polls[1] <= kinds.index("attempt_end") < polls[2]
+    events = {line["kind"]: line for line in lines if line["type"] == "event"}
+    assert {"job_submitted", "attempt_started", "job_finished"} <= set(events)
+    assert (events["attempt_started"]["step"], events["attempt_started"]["attempt"]) == ("s0", 1)
+    assert events["job_submitted"]["step"] is None
+    assert kinds.index("event") < first  # the attempt_started event came before its lines
+    # a job that has ended: the same lines at once (its events first), job_end last, no wait
+    again = list(follow_log(db, job_id, sleep=lambda _: pytest.fail("it waited")))
+    assert sorted(str(line["type"]) for line in again) == sorted(str(kind) for kind in kinds)
+    assert [line for line in again if line["type"] == "message"] == messages
+    assert again[-1]["type"] == "job_end"
+
+
+def test_following_an_attempt_that_restarted_says_so_and_gives_its_messages_again() -> None:
+    from typing import Any
+
+    from merlin_flow.jobs.logs import _attempt_lines
+
+    entry: Any = {"step": "fix", "number": 2, "status": "running", "transcript": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+    ]}  # fmt: skip
+    shown: dict[tuple[str, int], int] = {}
+    closed: set[tuple[str, int]] = set()
+    first = list(_attempt_lines("j", entry, shown, closed))
+    assert [line["type"] for line in first] == ["attempt_start", "message", "message"]
+    restarted = {**entry, "transcript": entry["transcript"][:1]}  # its worker was lost
+    again = list(_attempt_lines("j", restarted, shown, closed))
+    assert [(line["type"], line.get("index")) for line in again] == [
+        ("attempt_restarted", None), ("message", 0),
+    ]  # fmt: skip
+    ended = {**restarted, "status": "failed"}
+    assert [line["type"] for line in _attempt_lines("j", ended, shown, closed)] == ["attempt_end"]
+    assert list(_attempt_lines("j", ended, shown, closed)) == []  # its end is given once
