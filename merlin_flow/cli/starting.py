@@ -329,23 +329,25 @@ def replay(
 
         settings, db = state()
         replay_id = create_replay(db, settings, job_id)
-        run_embedded(
-            db,
-            replay_id,
-            as_json,
-            until=lambda: follow(db, replay_id, as_json),
-            on_interrupt=OnInterrupt.CANCEL,
-        )
         report = compare(db, settings, replay_id)
+        if report.steps:  # a question (no step) has been answered again already
+            until = lambda: follow(db, replay_id, as_json)  # noqa: E731
+            run_embedded(db, replay_id, as_json, until=until, on_interrupt=OnInterrupt.CANCEL)
+            report = compare(db, settings, replay_id)
         if as_json:
             console.print_json(json.dumps(report.to_json()))
         else:
-            console.print(replay_table(report))
+            if report.steps:
+                console.print(replay_table(report))
             verdict = "[green]reproduced[/]" if report.reproduced else "[red]NOT reproduced[/]"
             console.print(
                 f"replay {replay_id} of {job_id}: {verdict}; "
                 f"{report.identical_requests}/{report.calls} requests identical to the original's"
             )
+            if report.original_answer is not None or report.replay_answer is not None:
+                console.print(
+                    f"answer: {escape(report.replay_answer or '(none)')}", highlight=False
+                )
             for line in report.differences:
                 console.print(f"  - {escape(line)}", highlight=False)
         if not report.reproduced:

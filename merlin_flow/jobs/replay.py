@@ -20,6 +20,7 @@ from merlin_flow.agents.choice import AgentChoice, stored_agent
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import InputError, JobNotFoundError
 from merlin_flow.jobs.submission import create_job
+from merlin_flow.models.journal import OriginalJournal, replayable_calls
 from merlin_flow.settings import Settings
 from merlin_flow.store import Attempt, Database, Event, Job, JobStatus, LlmCall, Step
 from merlin_flow.store.events import EventKind
@@ -29,7 +30,11 @@ from merlin_flow.workspace.repository import JobRepository, repository_of
 
 
 def create_replay(db: Database, settings: Settings, job_id: str) -> str:
-    """Create the replay job of finished job ``job_id``; returns its id (not enqueued)."""
+    """Create the replay job of finished job ``job_id``; returns its id (not enqueued).
+
+    A question is answered again here, from the original's journal: its replay has
+    finished when this returns.
+    """
     with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None:
@@ -39,6 +44,10 @@ def create_replay(db: Database, settings: Settings, job_id: str) -> str:
                 f"job {job_id} has not finished (status {job.status}); "
                 "only a finished job can be replayed"
             )
+        if job.status == JobStatus.REJECTED:
+            raise InputError(f"job {job_id} was rejected: nothing ran, so nothing can be replayed")
+        if (job.plan or {}).get("kind") == "question":
+            return _replay_question(db, settings, job)
         tasklist = TaskList.model_validate(job.tasklist)
         config = MerlinConfig.model_validate(job.config)
         repo, base, budget = job.repo, job.base_commit, job.budget_usd
@@ -59,6 +68,21 @@ def create_replay(db: Database, settings: Settings, job_id: str) -> str:
         exit_commands=commands,
         agents=agents,
     )
+
+
+def _replay_question(db: Database, settings: Settings, job: Job) -> str:
+    """Answer ``job``'s question again, every call answered by the original's journal."""
+    from merlin_flow.jobs.requesting import plan_job, record_request
+
+    with db.reader() as session:
+        entries = replayable_calls(session, None, job_id=job.id)
+    config = MerlinConfig.model_validate(job.config)
+    request = job.request or ""
+    replay_id = record_request(
+        db, request, job.repo, job.base_commit, config, job.budget_usd, replay_of=job.id
+    )
+    plan_job(db, settings, replay_id, OriginalJournal(entries, f"the question of job {job.id}"))
+    return replay_id
 
 
 @dataclass(frozen=True)
@@ -92,11 +116,18 @@ class ReplayReport:
     """Replay requests whose hash equals the original's at the same turn."""
     resumes: int = 0
     """Times the original was resumed (``merlin resume``): a replay runs in one go."""
+    original_answer: str | None = None
+    """A question's answer, and its replay's (a job with steps has neither)."""
+    replay_answer: str | None = None
 
     @property
     def reproduced(self) -> bool:
-        """Same final status and every step reproduced."""
-        return self.original_status == self.replay_status and all(s.reproduced for s in self.steps)
+        """Same final status, every step reproduced, and the same answer."""
+        return (
+            self.original_status == self.replay_status
+            and all(s.reproduced for s in self.steps)
+            and self.original_answer == self.replay_answer
+        )
 
     @property
     def differences(self) -> list[str]:
@@ -104,6 +135,8 @@ class ReplayReport:
         lines = []
         if self.original_status != self.replay_status:
             lines.append(f"the original {self.original_status}, the replay {self.replay_status}")
+        if self.original_answer != self.replay_answer:
+            lines.append("the replay's answer differs from the original's")
         for step in self.steps:
             if step.original_path != step.replay_path:
                 lines.append(
@@ -169,6 +202,8 @@ def compare(db: Database, settings: Settings, replay_id: str) -> ReplayReport:
             calls=calls,
             identical_requests=identical,
             resumes=int(resumes or 0),
+            original_answer=original.answer,
+            replay_answer=replay.answer,
         )
 
 
@@ -192,14 +227,21 @@ def _request_agreement(session: Session, original_id: str, replay_id: str) -> tu
     """How many replay calls there were, and how many sent the original's exact request."""
 
     def hashes(job_id: str) -> dict[tuple[str, int, int], str]:
+        answered = (LlmCall.job_id == job_id) & LlmCall.error.is_(None)
         rows = session.execute(
             select(Step.key, Attempt.number, LlmCall.turn, LlmCall.request_hash)
             .join(Attempt, LlmCall.attempt_id == Attempt.id)
             .join(Step, Attempt.step_id == Step.id)
-            .where(LlmCall.job_id == job_id, LlmCall.error.is_(None))
+            .where(answered)
             .order_by(LlmCall.seq)
         ).all()
-        return {(key, number, turn): digest for key, number, turn, digest in rows}
+        own = session.execute(  # the job's own: planning, a question
+            select(LlmCall.turn, LlmCall.request_hash)
+            .where(answered, LlmCall.attempt_id.is_(None))
+            .order_by(LlmCall.seq)
+        ).all()
+        found = {(key, number, turn): digest for key, number, turn, digest in rows}
+        return found | {("", 0, turn): digest for turn, digest in own}
 
     old, new = hashes(original_id), hashes(replay_id)
     return len(new), sum(1 for key, digest in new.items() if old.get(key) == digest)

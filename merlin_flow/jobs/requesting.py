@@ -117,29 +117,8 @@ def submit_request(
             config.planning.context_tokens,
             readable=Permissions(config.permissions).path_readable,
         )
-    job_id = new_job_id()
-
-    def write(session: Session) -> None:
-        session.add(
-            Job(
-                id=job_id,
-                title=_title(request),
-                repo=repository.location,
-                status=JobStatus.PLANNING,
-                branch=job_branch(job_id),
-                base_commit=base,
-                head_commit=base,
-                tasklist={},
-                config=config.model_dump(mode="json"),
-                budget_usd=budget_usd if budget_usd is not None else config.budget_usd,
-                request=request,
-            )
-        )
-        message = f"request submitted: {_title(request)}"
-        add_event(session, job_id, EventKind.JOB_SUBMITTED, message)
-
-    # One transaction, tried again if an outage cuts it (never recorded twice).
-    write_patiently(db, write, lambda s: s.get(Job, job_id) is not None, f"job {job_id}")
+    budget = budget_usd if budget_usd is not None else config.budget_usd
+    job_id = record_request(db, request, repository.location, base, config, budget)
     status = plan_job(db, settings, job_id, call_model)
     single = kind.kind is RequestKind.SINGLE  # the one step asked for: nothing to review
     if status == JobStatus.AWAITING_APPROVAL and (approved_by is not None or single):
@@ -148,6 +127,43 @@ def submit_request(
     inputs = [p for p in (config_path,) if p is not None] + [repository.path / CONFIG_FILE_NAME]
     warnings = left_out_warnings(repository, repo, base, inputs)
     return RequestSubmission(job_id, config, status, warnings)
+
+
+def record_request(
+    db: Database,
+    request: str,
+    location: str,
+    base: str,
+    config: MerlinConfig,
+    budget_usd: float | None,
+    replay_of: str | None = None,
+) -> str:
+    """Record a request's job, in status ``planning``; its id."""
+    job_id = new_job_id()
+
+    def write(session: Session) -> None:
+        session.add(
+            Job(
+                id=job_id,
+                title=_title(request),
+                repo=location,
+                status=JobStatus.PLANNING,
+                branch=job_branch(job_id),
+                base_commit=base,
+                head_commit=base,
+                tasklist={},
+                config=config.model_dump(mode="json"),
+                budget_usd=budget_usd,
+                request=request,
+                replay_of=replay_of,
+            )
+        )
+        message = f"request submitted: {_title(request)}"
+        add_event(session, job_id, EventKind.JOB_SUBMITTED, message)
+
+    # One transaction, tried again if an outage cuts it (never recorded twice).
+    write_patiently(db, write, lambda s: s.get(Job, job_id) is not None, f"job {job_id}")
+    return job_id
 
 
 def request_context(

@@ -200,6 +200,12 @@ def test_a_question_is_answered_read_only_with_no_branch(tmp_path: Path, py_repo
         "assistant",
     ]
     assert entries[0]["prompt_tokens"] > 0
+    # Replayed offline from its journal: the same calls, the same answer.
+    replayed = merlin(env, "replay", status["id"], "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    report = json.loads(replayed.stdout)
+    assert (report["reproduced"], report["calls"], report["identical_requests"]) == (True, 2, 2)
+    assert report["replay_answer"] == status["answer"]
 
 
 SPEC = """\

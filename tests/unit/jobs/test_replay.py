@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import yaml
 from sqlalchemy import select
 
 from merlin_flow.engine.attempt import execute_step
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.verdict import verify_step
+from merlin_flow.errors import InputError
+from merlin_flow.jobs.logs import job_logs
 from merlin_flow.jobs.replay import ReplayReport, StepComparison, compare, create_replay
+from merlin_flow.jobs.requesting import submit_request
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, LlmCall
+from merlin_flow.store import Database, Job, JobStatus, LlmCall
+from tests.conftest import make_repo
 from tests.unit.scripted_jobs import scripted_job
 
 
@@ -84,3 +90,68 @@ def test_compare_names_what_a_replay_could_not_reproduce(
     assert report.replay_status == "failed"
     assert not report.reproduced
     assert report.differences[0] == "the original completed, the replay failed"
+
+
+def _question(db: Database, settings: Settings, tmp_path: Path) -> str:
+    """A question answered by a scripted tier: a grep, then the answer."""
+    script = tmp_path / "local.yaml"
+    grep = {"tool_calls": [{"name": "grep", "arguments": {"pattern": "return 4"}}]}
+    rules = [
+        {"match": "You answer questions", "turn": 0, "reply": grep},
+        {"match": "You answer questions", "turn": 1, "reply": {"content": "It returns 41."}},
+    ]
+    script.write_text(yaml.safe_dump({"rules": rules}))
+    repo = make_repo(
+        tmp_path / "repo",
+        {
+            "app.py": "def answer():\n    return 41\n",
+            "merlin.toml": f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n',
+        },
+    )
+    return submit_request(db, settings, "What does answer() return?", str(repo)).job_id
+
+
+def test_a_question_is_replayed_from_its_journal(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    original = _question(db, settings, tmp_path)
+    (tmp_path / "local.yaml").write_text("rules: []\n")  # the script is not asked again
+    replay = create_replay(db, settings, original)
+    report = compare(db, settings, replay)
+    assert (report.original_status, report.replay_status, report.steps) == (
+        "completed", "completed", [],
+    )  # fmt: skip
+    assert report.original_answer == report.replay_answer == "It returns 41."
+    assert report.calls == report.identical_requests == 2
+    assert report.reproduced
+    [entry] = job_logs(db, replay)  # the replay's conversation is shown as the original's
+    assert [m["role"] for m in entry["transcript"]] == ["user", "assistant", "tool", "assistant"]
+
+
+def test_a_question_whose_journal_lost_its_answer_is_not_reproduced(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    original = _question(db, settings, tmp_path)
+    with db.session() as session:
+        last = session.scalars(
+            select(LlmCall).where(LlmCall.job_id == original).order_by(LlmCall.seq.desc())
+        ).first()
+        session.delete(last)
+    report = compare(db, settings, create_replay(db, settings, original))
+    assert report.replay_status == "failed"
+    assert report.replay_answer is None
+    assert report.differences == [
+        "the original completed, the replay failed",
+        "the replay's answer differs from the original's",
+    ]
+
+
+def test_a_rejected_plan_cannot_be_replayed(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    original = _question(db, settings, tmp_path)
+    with db.session() as session:  # as `merlin reject` leaves a plan
+        job = session.get_one(Job, original)
+        job.status = JobStatus.REJECTED
+    with pytest.raises(InputError, match="was rejected: nothing ran"):
+        create_replay(db, settings, original)
