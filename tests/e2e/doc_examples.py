@@ -140,7 +140,7 @@ def editor_env(page: str, folder: Path, env: dict[str, str]) -> dict[str, str]:
     for block in blocks(page):
         header = FILE_HEADER.match(block.body)
         if header is not None:
-            shown = editor / "files" / file_path(header, folder, env).relative_to("/")
+            shown = editor / "files" / file_path(header, folder, env).resolve().relative_to("/")
             shown.parent.mkdir(parents=True, exist_ok=True)
             shown.write_text(block.body)
     nano = editor / "bin" / "nano"
@@ -161,12 +161,12 @@ def run_examples(page: str, folder: Path, env: dict[str, str]) -> list[Run]:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(block.body)
         if block.lang == "console":
-            for command, shown in console_commands(block.body):
-                runs.append(run_commands(command, shown, folder, with_editor))
+            for command, printed in console_commands(block.body):
+                runs.append(run_commands(command, printed, folder, with_editor))
         if block.lang != "sh":
             continue
         after = found[index + 1] if index + 1 < len(found) else None
-        shown = None
+        shown: str | None = None
         if after is not None and after.lang == "text" and not page[block.end : after.start].strip():
             shown = after.body
         runs.append(run_commands(block.body, shown, folder, with_editor))
@@ -219,7 +219,8 @@ def rewrite(path: Path) -> None:
             body_start = page.index("\n", block.start) + 1
             body = ""
             for command, shown in console_commands(block.body):
-                body += PROMPT + command + (shown if abridged(shown) else lines(next(outputs)))
+                output = lines(next(outputs))
+                body += PROMPT + command + (shown if abridged(shown) else output)
             pieces += [page[done:body_start], body]
             done = block.end - len("```\n")
         if block.lang != "sh":
