@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import git
 from tests.e2e.conftest import Backend
-from tests.e2e.doc_examples import normalized
+from tests.e2e.doc_examples import normalized, shows
 from tests.e2e.helpers import merlin, merlin_env, start_worker, stop_worker, write_job_files
 
 pytestmark = pytest.mark.e2e
@@ -168,6 +168,11 @@ def test_failing_every_tier_fails_the_job_with_exit_code_1(tmp_path: Path, py_re
     assert "FAILED test_app.py::test_answer - assert 43 == 42" in view["error"]
     assert "then attempt 3 (escalate on tier premium): model call failed" in view["error"]
     assert (view["failure"]["attempt"], view["failure"]["exit_code"]) == (2, 1)
+    # docs/quickstart.md shows this outcome, abridged: it must stay true.
+    quickstart = (Path(__file__).parents[2] / "docs" / "quickstart.md").read_text()
+    shown = re.search(r"```text\n(job [0-9a-f]{12} failed: .*?)```", quickstart, re.S)
+    assert shown is not None
+    assert shows(f"job {view['id']} failed: {view['error']}\n", shown.group(1))
     assert "FAILED test_app.py::test_answer - assert 43 == 42" in failure.text
 
 

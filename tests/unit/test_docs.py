@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from merlin_flow.settings import Settings
 
 ROOT = Path(__file__).parents[2]
@@ -75,3 +77,26 @@ def test_the_reference_command_list_is_what_the_help_says() -> None:
         else:
             said = " ".join((command.help or "").split("\n\n")[0].split())
             assert (name, text) == (name, said)
+
+
+def test_the_quickstart_shows_the_error_of_a_mistyped_tasklist(
+    merlin_home: Path, py_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from merlin_flow.cli.app import app
+
+    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
+    tasklist = re.search(r"```yaml\n# tasklist.yaml\n(.*?)```", quickstart, re.S)
+    shown = re.search(
+        r"```text\n(error: tasklist.yaml: invalid TaskList\n.*?)```", quickstart, re.S
+    )
+    assert tasklist is not None
+    assert shown is not None
+    mistyped = tasklist.group(1).replace("step_type: Debug", "step_type: Bugfix", 1)
+    assert mistyped != tasklist.group(1)
+    (tmp_path / "tasklist.yaml").write_text(mistyped)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["submit", "tasklist.yaml", "--repo", str(py_repo)])
+    assert result.exit_code == 2
+    assert result.stderr == shown.group(1)

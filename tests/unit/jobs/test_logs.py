@@ -139,6 +139,17 @@ def test_following_gives_each_line_once_in_order_and_ends_with_the_job(
     assert sorted(str(line["type"]) for line in again) == sorted(str(kind) for kind in kinds)
     assert [line for line in again if line["type"] == "message"] == messages
     assert again[-1]["type"] == "job_end"
+    # The reference's example lines have the fields of real ones (`...` ends a shortened one).
+    reference = (Path(__file__).parents[3] / "docs" / "reference.md").read_text()
+    example = reference.split("For example (shortened):\n\n```text\n", 1)[1].split("```", 1)[0]
+    for text in example.splitlines():
+        shortened = text.endswith(", ...}")
+        shown = json.loads(text.removesuffix(", ...}") + ("}" if shortened else ""))
+        real = next(
+            line for line in lines
+            if line["type"] == shown["type"] and line.get("kind", "") == shown.get("kind", "")
+        )  # fmt: skip
+        assert set(shown) <= set(real) if shortened else set(shown) == set(real), text
 
 
 def test_following_an_attempt_that_restarted_says_so_and_gives_its_messages_again() -> None:
