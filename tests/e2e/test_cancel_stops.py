@@ -10,6 +10,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,14 +54,27 @@ def _running(*argv: str) -> list[int]:
     return pids
 
 
-def _cancel_while(env: dict[str, str], job_id: str, *argv: str) -> float:
-    """Wait for ``argv`` to run, cancel the job; seconds from the cancel to its end."""
+def _cancel_while(
+    env: dict[str, str], tasklist: Path, config: Path, repo: Path, *argv: str
+) -> dict[str, Any]:
+    """Submit, wait for ``argv`` to run, cancel; the closed job's view.
+
+    The command must end within ``STOP_WITHIN`` seconds of the cancel.
+    """
+    submitted = merlin(env, "submit", str(tasklist), "--repo", str(repo), "--config", str(config))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
     wait_for(lambda: _running(*argv), 120, f"`{' '.join(argv)}` to start")
     cancelled = merlin(env, "cancel", job_id)
     assert cancelled.returncode == 0, cancelled.stderr
     since = time.monotonic()
     wait_for(lambda: not _running(*argv), 30, f"`{' '.join(argv)}` to end", poll=0.05)
-    return time.monotonic() - since
+    took = time.monotonic() - since
+    assert took < STOP_WITHIN, f"`{' '.join(argv)}` ran on {took:.1f} s after the cancel"
+    closed = wait_for(
+        lambda: (v := status_json(env, job_id))["finished_at"] and v, 30, "the job to close"
+    )
+    return dict(closed)
 
 
 def _events(home: Path, job_id: str) -> list[tuple[str, str | None]]:
@@ -77,19 +91,11 @@ def test_cancel_stops_a_long_exit_command(tmp_path: Path, py_repo: Path) -> None
     tasklist, config = write_job_files(tmp_path / "job", tasklist=LONG_VERIFY)
     worker = start_worker(env, tmp_path / "worker.log")
     try:
-        submitted = merlin(
-            env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config)
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = submitted.stdout.strip()
-        took = _cancel_while(env, job_id, "sleep", "61.25")
-        assert took < STOP_WITHIN, f"the exit command ran on {took:.1f} s after the cancel"
-        view = wait_for(
-            lambda: (v := status_json(env, job_id))["finished_at"] and v, 30, "the job to close"
-        )
+        view = _cancel_while(env, tasklist, config, py_repo, "sleep", "61.25")
     finally:
         stop_worker(worker)
     assert view["status"] == "cancelled"
+    job_id = view["id"]
     [attempt] = view["steps"][0]["attempts"]
     # Recorded as stopped, not as a failure to fix or escalate; the branch stays.
     assert attempt["status"] == "cancelled"
@@ -109,20 +115,12 @@ def test_cancel_stops_a_long_agent_command(tmp_path: Path, py_repo: Path) -> Non
     tasklist, config = write_job_files(tmp_path / "job", sleep_seconds=62.5)
     worker = start_worker(env, tmp_path / "worker.log")
     try:
-        submitted = merlin(
-            env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config)
-        )
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = submitted.stdout.strip()
-        took = _cancel_while(env, job_id, "sleep", "62.5")
-        assert took < STOP_WITHIN, f"the agent's command ran on {took:.1f} s after the cancel"
-        view = wait_for(
-            lambda: (v := status_json(env, job_id))["finished_at"] and v, 30, "the job to close"
-        )
-        logs = merlin(env, "logs", job_id, "--step", "slow", "--json")
+        view = _cancel_while(env, tasklist, config, py_repo, "sleep", "62.5")
+        logs = merlin(env, "logs", view["id"], "--step", "slow", "--json")
     finally:
         stop_worker(worker)
     assert view["status"] == "cancelled"
+    job_id = view["id"]
     steps = {s["id"]: s for s in view["steps"]}
     assert [a["status"] for a in steps["slow"]["attempts"]] == ["cancelled"]
     assert ("command_stopped", "slow") in _events(home, job_id)
