@@ -194,6 +194,16 @@ def test_flower_api_lists_the_tasks_of_a_running_job(
     assert results[6] == "'job completed'"
 
 
+def _submit_and_wait(env: dict[str, str], tasklist: Path, config: Path, repo: Path) -> Any:
+    """`merlin submit --wait --json` of the job: its view once it ended."""
+    waited = merlin(
+        env, "submit", str(tasklist), "--repo", str(repo), "--config", str(config),
+        "--wait", "--json",
+    )  # fmt: skip
+    assert waited.returncode == 0, waited.stderr
+    return json.loads(waited.stdout)
+
+
 def test_flower_shows_a_failed_verification_and_the_escalation_that_follows(
     tmp_path: Path, py_repo: Path, redis_url: str, postgres_url: str
 ) -> None:
@@ -201,12 +211,7 @@ def test_flower_shows_a_failed_verification_and_the_escalation_that_follows(
         tmp_path / "job", local=LOCAL_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
     )
     with _flower_and_worker(tmp_path, redis_url, postgres_url) as (env, base):
-        waited = merlin(
-            env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config),
-            "--wait", "--json",
-        )  # fmt: skip
-        assert waited.returncode == 0, waited.stderr
-        view = json.loads(waited.stdout)
+        view = _submit_and_wait(env, tasklist, config, py_repo)
         assert view["status"] == "completed"
         by_time = _ended_tasks(base, view["id"], 7)
     job_id, command = view["id"], view["steps"][0]["exit_command"]
@@ -244,12 +249,7 @@ def test_a_failed_model_call_fails_its_step_task_and_the_job_goes_on(
         tmp_path / "job", local=AUTH_ERROR, premium=PREMIUM_RIGHT, tasklist=ONE_STEP
     )
     with _flower_and_worker(tmp_path, redis_url, postgres_url) as (env, base):
-        waited = merlin(
-            env, "submit", str(tasklist), "--repo", str(py_repo), "--config", str(config),
-            "--wait", "--json",
-        )  # fmt: skip
-        assert waited.returncode == 0, waited.stderr
-        view = json.loads(waited.stdout)
+        view = _submit_and_wait(env, tasklist, config, py_repo)
         assert view["status"] == "completed"  # the chain went on after the failed task
         by_time = _ended_tasks(base, view["id"], 5)
         attempts = json.loads(merlin(env, "logs", view["id"], "--json").stdout)

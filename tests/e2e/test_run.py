@@ -14,25 +14,11 @@ from tests.conftest import git
 from tests.e2e.conftest import Backend
 from tests.e2e.doc_examples import normalized, shows
 from tests.e2e.helpers import merlin, merlin_env, start_worker, stop_worker, write_job_files
+from tests.unit.scripted_jobs import LOCAL_WRONG
 
 pytestmark = pytest.mark.e2e
 
-# The cheap tier gets step "fix" wrong twice; the premium tier gets it right.
-LOCAL_WRONG = """\
-rules:
-  - match: 'repair them'
-    turn: 0
-    reply:
-      tool_calls:
-        - name: edit_file
-          arguments: {path: app.py, old: "return 40", new: "return 43"}
-  - turn: 0
-    reply:
-      tool_calls:
-        - name: edit_file
-          arguments: {path: app.py, old: "return 41", new: "return 40"}
-  - reply: {content: "done"}
-"""
+# The cheap tier (LOCAL_WRONG) gets step "fix" wrong twice; the premium tier gets it right.
 PREMIUM_RIGHT = """\
 rules:
   - match: 'solve the step afresh'

@@ -20,6 +20,23 @@ rules:
   - reply: {content: done}
 """
 
+# The cheap tier breaks the answer, then breaks it again when asked to repair it.
+LOCAL_WRONG = """\
+rules:
+  - match: 'repair them'
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 40", new: "return 43"}
+  - turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 41", new: "return 40"}
+  - reply: {content: "done"}
+"""
+
 
 ONE_STEP = {"title": "t", "steps": [{"id": "s0", "step_type": "Debug", "description": "42"}]}
 

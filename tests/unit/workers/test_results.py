@@ -18,7 +18,7 @@ from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database
 from merlin_flow.tasklist import parse_tasklist
-from tests.unit.scripted_jobs import ONE_STEP, scripted_job
+from tests.unit.scripted_jobs import LOCAL_WRONG, ONE_STEP, scripted_job
 from workers import tasks as worker_tasks
 from workers.canvas import job_canvas
 from workers.results import (
@@ -30,23 +30,7 @@ from workers.results import (
     verify_result,
 )
 
-# The cheap tier breaks the answer, then breaks it again when asked to repair it; the
-# premium tier, asked to solve the step afresh, gets it right.
-LOCAL_WRONG = """\
-rules:
-  - match: 'repair them'
-    turn: 0
-    reply:
-      tool_calls:
-        - name: edit_file
-          arguments: {path: app.py, old: "return 40", new: "return 43"}
-  - turn: 0
-    reply:
-      tool_calls:
-        - name: edit_file
-          arguments: {path: app.py, old: "return 41", new: "return 40"}
-  - reply: {content: "done"}
-"""
+# The premium tier, asked to solve the step afresh after LOCAL_WRONG, gets it right.
 PREMIUM_RIGHT = """\
 rules:
   - turn: 0
