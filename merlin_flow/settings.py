@@ -68,6 +68,11 @@ class Settings(BaseSettings):
         return (self.uv_cache_dir or self.home_dir / "cache" / "uv").expanduser().resolve()
 
     @property
+    def npm_cache(self) -> Path:
+        """The package cache of npm, used by the setup of Node projects."""
+        return (self.home_dir / "cache" / "npm").expanduser().resolve()
+
+    @property
     def envs_dir(self) -> Path:
         """Where built project environments are kept."""
         return self.home_dir / "envs"

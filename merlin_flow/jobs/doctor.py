@@ -6,6 +6,7 @@ stop a job (no worker yet, no sandbox by choice); a ``fail`` does.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -18,7 +19,26 @@ from merlin_flow.models.endpoints import pin_endpoints
 from merlin_flow.models.llm import is_priced
 from merlin_flow.settings import Settings
 from merlin_flow.tool_config import SandboxMode
-from merlin_flow.workspace.sandbox import sandbox_problem
+from merlin_flow.workspace.exit_commands import MARKERS, ProjectKind
+from merlin_flow.workspace.sandbox import Confinement, run_confined, sandbox_problem
+from merlin_flow.workspace.toolchains import (
+    PROGRAMS,
+    SEARCHED,
+    VERSION_COMMANDS,
+    Toolchain,
+    find_toolchain,
+    toolchain_mounts,
+)
+
+INSTALL: dict[ProjectKind, str] = {
+    ProjectKind.RUST: "install Rust with rustup (https://rustup.rs) or `apt-get install cargo`",
+    ProjectKind.NODE: "install Node.js with nvm, fnm or volta, or `apt-get install nodejs npm`",
+    ProjectKind.GO: "install Go from https://go.dev/dl into /usr/local/go, or "
+    "`apt-get install golang`",
+}
+"""How to get each kind's toolchain, for a failed `toolchain <kind>` check."""
+TOOLCHAIN_TIMEOUT = 60.0
+"""Seconds a toolchain's version command may take in the sandbox."""
 
 
 class Verdict(StrEnum):
@@ -71,6 +91,7 @@ def run_checks(
     checks += broker_checks(broker)
     if repo is not None:
         checks.append(environment_check(repo, config))
+        checks += toolchain_checks(repo, config)
     return checks
 
 
@@ -172,15 +193,76 @@ def environment_check(repo: Path, config: MerlinConfig) -> Check:
     except MerlinError as exc:
         return Check("environment", Verdict.FAIL, str(exc), "give --repo a git work tree")
     if not plan.needed:
-        kind = plan.kind.value if plan.kind else "unknown kind"
-        return Check(
-            "environment",
-            Verdict.OK,
-            f"{kind}: no setup; commands use the system's tools",
-            None,
-        )
+        if plan.kind is None:
+            detail = "unknown kind: no setup; commands see the system's tools (/usr) only"
+        else:
+            detail = f"{plan.kind.value}: no setup; commands use the {plan.kind.value} "
+            detail += "toolchain found here (see its toolchain check)"
+        return Check("environment", Verdict.OK, detail, None)
     source = "default for " + plan.kind.value if plan.default and plan.kind else "merlin.toml"
     detail = f"setup ({source}): " + " && ".join(plan.setup)
     if config.sandbox.mode is SandboxMode.BWRAP and sandbox_problem():
         return Check("environment", Verdict.FAIL, detail, "fix the sandbox check first")
     return Check("environment", Verdict.OK, detail)
+
+
+def toolchain_checks(repo: Path, config: MerlinConfig) -> list[Check]:
+    """A check of each toolchain ``repo`` needs: one per kind with a marker at its root.
+
+    Python is left to the environment check: its environment is built by setup.
+    """
+    kinds = [
+        kind
+        for kind, markers in MARKERS
+        if kind in PROGRAMS and any((repo / marker).exists() for marker in markers)
+    ]
+    return [toolchain_check(kind, config, find_toolchain(kind)) for kind in kinds]
+
+
+def toolchain_check(kind: ProjectKind, config: MerlinConfig, found: Toolchain | None) -> Check:
+    """The kind's toolchain ``found`` (None: not found), run in the sandbox as commands are."""
+    name, program = f"toolchain {kind.value}", PROGRAMS[kind][0]
+    if found is None:
+        detail = f"no `{program}` found for this {kind.value} project"
+        return Check(
+            name,
+            Verdict.FAIL,
+            detail,
+            f"{INSTALL[kind]}; merlin looks on {SEARCHED[kind]} and in asdf's and mise's shims",
+        )
+    where = f"{found.source}: {found.program}"
+    problem = sandbox_problem() if config.sandbox.mode is SandboxMode.BWRAP else None
+    if problem:
+        detail = f"`{program}` found ({where}) but not tried: the sandbox cannot start"
+        return Check(name, Verdict.FAIL, detail, "fix the sandbox check first")
+    argv = VERSION_COMMANDS[kind]
+    path, read_only, variables = toolchain_mounts([found])
+    with tempfile.TemporaryDirectory(prefix="merlin-doctor-") as folder:
+        confinement = Confinement(Path(folder), read_only=read_only, path=path, variables=variables)
+        try:
+            result = run_confined(argv, confinement, config.sandbox, TOOLCHAIN_TIMEOUT)
+        except MerlinError as exc:
+            return Check(name, Verdict.FAIL, str(exc), "fix the sandbox check first")
+    lines = [line.strip() for line in result.output_tail.splitlines() if line.strip()]
+    if result.ok:
+        return Check(name, Verdict.OK, f"{lines[0] if lines else '(no output)'} ({where})")
+    ended = f"exit code {result.exit_code}"
+    if result.timed_out:
+        ended = f"timed out after {TOOLCHAIN_TIMEOUT:g} s"
+    command, last = " ".join(argv), lines[-1] if lines else "no output"
+    detail = f"`{command}` failed in the sandbox ({ended}): {last} ({where})"
+    seen = ", ".join(str(f) for f in read_only) or "nothing outside /usr"
+    reach = f"the sandbox binds {seen} read-only, with {':'.join(path) or 'the system PATH'} first"
+    if "execvp" in last or "No such file" in last:
+        fix = (
+            f"{reach} on PATH; `{program}` ({found.program.resolve()}) or a file it needs lies "
+            f"outside them: install the toolchain under /usr or where merlin looks "
+            f"({SEARCHED[kind]})"
+        )
+    else:
+        fix = (
+            f"{reach} on PATH; `{command}` runs there with HOME=/tmp/home and no network: "
+            "run it yourself to see what it misses (a toolchain to install, a setting in your "
+            "home) and install or set it where merlin looks"
+        )
+    return Check(name, Verdict.FAIL, detail, fix)

@@ -25,6 +25,7 @@ from pathlib import Path
 from merlin_flow.config import MerlinConfig
 from merlin_flow.settings import Settings
 from merlin_flow.tool_config import PermissionRules, Rule, Sandbox, parse_rule
+from merlin_flow.workspace.default_setup import confine_kinds, project_kinds
 from merlin_flow.workspace.environment import (
     BuiltEnvironment,
     ensure_environment,
@@ -91,6 +92,8 @@ def confine(
 ) -> Confinement:
     """How a step's commands are confined in ``worktree``, the permission masks included.
 
+    The toolchains, variables and caches of the project's kinds (from the marker files at
+    the worktree's root, ``default_setup.confine_kinds``) are added.
     ``writable=False``: the worktree is read-only too (an agent without a tool that writes).
     """
     if environment is None:
@@ -110,6 +113,8 @@ def confine(
             read_only=python_mounts(environment.path),
             worktree_writable=writable,
         )
+    kinds = project_kinds(entry.name for entry in os.scandir(worktree))
+    confinement = confine_kinds(confinement, kinds, config.sandbox, setup=False)
     rules = config.permissions
     if rules.deny or rules.ask or rules.default == "deny":
         confinement = confinement.masked(permission_masks(rules, worktree))

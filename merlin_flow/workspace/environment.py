@@ -13,10 +13,9 @@ at the commit, so every job and attempt of a repository shares one environment w
 those files are unchanged. One build at a time per key (an flock); a build that fails
 leaves nothing behind and fails the job with its output.
 
-Default setup by project kind, when ``setup`` is unset: Python projects get a uv virtual
-environment with the project installed editable with its test extras (or, for a project
-that is not installable, its requirements), and pytest. Other kinds get no environment:
-their commands run with the system's toolchains.
+The default setup of each kind (Python, Rust, Node, Go) is in
+``merlin_flow.workspace.default_setup``; the toolchains setup and commands run with
+are found by ``merlin_flow.workspace.toolchains``.
 """
 
 from __future__ import annotations
@@ -26,23 +25,28 @@ import fnmatch
 import hashlib
 import json
 import re
-import shlex
 import shutil
 import sys
 import time
-import tomllib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
 from merlin_flow.tool_config import SandboxMode
-from merlin_flow.workspace.exit_commands import MARKERS, ProjectKind
+from merlin_flow.workspace.default_setup import (
+    confine_kinds,
+    default_setup,
+    interpreter,
+    key_material,
+    prepare_folders,
+    project_kinds,
+)
+from merlin_flow.workspace.exit_commands import ProjectKind
 from merlin_flow.workspace.git import add_worktree, git, remove_worktree, run_git
 from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
 
@@ -59,16 +63,14 @@ DEFAULT_CACHE_KEY = (
     "Pipfile.lock",
     "package.json",
     "package-lock.json",
+    "npm-shrinkwrap.json",
+    "pnpm-lock.yaml",
+    "yarn.lock",
+    "Cargo.toml",
     "Cargo.lock",
+    ".cargo/config.toml",
+    "go.mod",
     "go.sum",
-)
-TEST_EXTRAS = ("test", "tests", "testing")
-REQUIREMENT_FILES = (
-    "requirements.txt",
-    "requirements-test.txt",
-    "requirements-dev.txt",
-    "test-requirements.txt",
-    "dev-requirements.txt",
 )
 MARKER_FILE = ".merlin-env.json"
 OVERLAY_DIR = ".merlin-workspace"
@@ -79,7 +81,8 @@ OVERLAY_SKIPPED = frozenset(
 )
 """Folders of generated files that are environments or build output, not project files."""
 SETUP_OUTPUT_LINES = 40
-UV_CACHE_INSIDE = "/merlin/cache/uv"
+CACHE_INSIDE = "/merlin/cache"
+"""Where setup sees the package caches (``uv``, ``npm``), shared by every build."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,9 @@ class EnvironmentPlan:
     """How a repository's environment is built at one commit, and under which key."""
 
     kind: ProjectKind | None
-    """The project's kind, from its marker files."""
+    """The project's kind, from its marker files (the first of ``kinds``)."""
+    kinds: tuple[ProjectKind, ...]
+    """Every kind whose marker file is at the root (a mixed repository has several)."""
     setup: list[str]
     """Shell commands run in order; empty when the project gets no environment."""
     default: bool
@@ -119,14 +124,12 @@ def plan_environment(
     key: two repositories never share an environment, whatever their names.
     """
     names = _root_names(git_dir, commit)
-    kind = next((k for k, markers in MARKERS if any(m in names for m in markers)), None)
+    kinds = project_kinds(names)
     configured = config.environment.setup
     if configured is not None:
         setup, default = list(configured), False
-    elif kind is ProjectKind.PYTHON:
-        setup, default = default_python_setup(git_dir, commit, names), True
     else:
-        setup, default = [], True
+        setup, default = default_setup(kinds, git_dir, commit, names), True
     patterns = config.environment.cache_key or list(DEFAULT_CACHE_KEY)
     files = _key_files(git_dir, commit, patterns, names)
     material = {
@@ -135,11 +138,13 @@ def plan_environment(
         "setup": setup,
         "version": release_version(git_dir, commit),
         "mode": config.sandbox.mode.value,
-        "python": str(_interpreter()),
+        "python": str(interpreter()),
         "files": files,
+        **key_material(kinds),
     }
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
-    return EnvironmentPlan(kind=kind, setup=setup, default=default, key=key)
+    kind = kinds[0] if kinds else None
+    return EnvironmentPlan(kind=kind, kinds=kinds, setup=setup, default=default, key=key)
 
 
 def release_version(git_dir: Path, commit: str) -> str:
@@ -156,27 +161,6 @@ def release_version(git_dir: Path, commit: str) -> str:
 def describe_environment(repo: Path, config: MerlinConfig) -> EnvironmentPlan:
     """The environment a job on the work tree ``repo`` would get (at its HEAD)."""
     return plan_environment(repo, git("rev-parse", "HEAD^{commit}", cwd=repo), config)
-
-
-def default_python_setup(git_dir: Path, commit: str, names: set[str]) -> list[str]:
-    """uv: a virtual environment, the project editable with its test extras, and pytest."""
-    python = shlex.quote(str(_interpreter()))
-    commands = [f'uv venv --quiet --allow-existing --python {python} "$MERLIN_ENV"']
-    pyproject = _read_toml(git_dir, commit, "pyproject.toml") if "pyproject.toml" in names else {}
-    project = pyproject.get("project") if isinstance(pyproject.get("project"), dict) else None
-    extras = sorted(set(TEST_EXTRAS) & set((project or {}).get("optional-dependencies") or {}))
-    groups = sorted(set((*TEST_EXTRAS, "dev")) & set(pyproject.get("dependency-groups") or {}))
-    installable = "build-system" in pyproject or "setup.py" in names or "setup.cfg" in names
-    install = ["uv", "pip", "install", "--quiet"]
-    if installable:
-        install += ["-e", shlex.quote(f".[{','.join(extras)}]" if extras else ".")]
-    elif project is not None:
-        install += ["-r", "pyproject.toml", *(f"--extra={extra}" for extra in extras)]
-    install += [f"-r {name}" for name in REQUIREMENT_FILES if name in names]
-    install += [f"--group={group}" for group in groups]
-    install.append("pytest")
-    commands.append(" ".join(install))
-    return commands
 
 
 def ensure_environment(
@@ -219,31 +203,17 @@ def _build(
     """Run the setup commands into ``folder``; SetupFailed (and nothing kept) on failure."""
     shutil.rmtree(folder, ignore_errors=True)  # a build a killed worker left unfinished
     folder.mkdir(parents=True)
-    cache = settings.uv_cache
-    cache.mkdir(parents=True, exist_ok=True)
     checkout = setup_checkouts(settings) / f"{folder.name}-{uuid.uuid4().hex[:8]}"
     log_path = folder.with_name(folder.name + ".log")
     deadline = time.monotonic() + config.environment.setup_timeout
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    tools = (str(Path(uv).parent),) if uv else ()
     try:
         add_worktree(git_dir, checkout, commit)
-        confinement = Confinement(
-            worktree=checkout,
-            env_dir=folder,
-            env_writable=True,
-            network=True,
-            read_only=_setup_mounts(tools),
-            writable=((cache, UV_CACHE_INSIDE),)
-            if config.sandbox.mode is SandboxMode.BWRAP
-            else (),
-            path=tools,
+        prepare_folders(folder, plan.kinds)
+        confinement = _setup_confinement(settings, config, plan.kinds, checkout, folder)
+        confinement = replace(
+            confinement,
             variables={
-                "UV_CACHE_DIR": UV_CACHE_INSIDE
-                if config.sandbox.mode is SandboxMode.BWRAP
-                else str(cache),
-                "UV_NO_PROGRESS": "1",
-                "UV_PYTHON_DOWNLOADS": "never",
+                **confinement.variables,
                 "SETUPTOOLS_SCM_PRETEND_VERSION": release_version(git_dir, commit),
             },
         )
@@ -321,6 +291,39 @@ def _keep_generated_files(checkout: Path, overlay: Path) -> list[str]:
     return kept
 
 
+def _setup_confinement(
+    settings: Settings,
+    config: MerlinConfig,
+    kinds: tuple[ProjectKind, ...],
+    checkout: Path,
+    folder: Path,
+) -> Confinement:
+    """Setup's sandbox: the network, the environment writable, uv and the package caches."""
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    tools = (str(Path(uv).parent),) if uv else ()
+    bwrap = config.sandbox.mode is SandboxMode.BWRAP
+    caches = {"uv": settings.uv_cache, "npm": settings.npm_cache}
+    for cache in caches.values():
+        cache.mkdir(parents=True, exist_ok=True)
+    inside = {name: f"{CACHE_INSIDE}/{name}" if bwrap else str(c) for name, c in caches.items()}
+    confinement = Confinement(
+        worktree=checkout,
+        env_dir=folder,
+        env_writable=True,
+        network=True,
+        read_only=_setup_mounts(tools),
+        writable=tuple((c, inside[name]) for name, c in caches.items()) if bwrap else (),
+        path=tools,
+        variables={
+            "UV_CACHE_DIR": inside["uv"],
+            "UV_NO_PROGRESS": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            "npm_config_cache": inside["npm"],
+        },
+    )
+    return confine_kinds(confinement, kinds, config.sandbox, setup=True)
+
+
 def _setup_mounts(tools: tuple[str, ...]) -> tuple[Path, ...]:
     """What setup needs bound besides the system: uv's folder and the Python it runs on."""
     mounts = list(python_mounts(None))
@@ -364,12 +367,6 @@ def idle_build(settings: Settings, checkout: Path) -> Iterator[bool]:
         yield free
 
 
-def _interpreter() -> Path:
-    """The Python the default setup builds on: the one merlin itself runs on."""
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    return Path(base).resolve()
-
-
 def _root_names(git_dir: Path, commit: str) -> set[str]:
     out = git("ls-tree", "--name-only", commit, cwd=git_dir)
     return set(out.splitlines())
@@ -390,11 +387,3 @@ def _key_files(
         proc = run_git(["rev-parse", "--verify", "--quiet", f"{commit}:{path}"], git_dir)
         blobs[path] = proc.stdout.strip() or None
     return blobs
-
-
-def _read_toml(git_dir: Path, commit: str, path: str) -> dict[str, Any]:
-    proc = run_git(["show", f"{commit}:{path}"], git_dir)
-    try:
-        return tomllib.loads(proc.stdout) if proc.returncode == 0 else {}
-    except tomllib.TOMLDecodeError:
-        return {}  # the install reports it; the plan still names the setup

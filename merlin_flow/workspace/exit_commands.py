@@ -2,11 +2,15 @@
 
 A step's exit command is, in order of precedence: the step's own ``exit_command``, the
 configuration's ``[exit_commands]`` entry for its type, or the default for its type and
-the project's kind (detected from marker files at the repository root).
+the project's kind (detected from marker files at the repository root). In a repository
+of several kinds (a Python service with a Node front end), the default is that of the
+kinds whose source files the step's description names (``app.ts``: Node), or else of
+every kind, one after the other (``sh -c 'python -m pytest -q && npm test'``).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 from enum import StrEnum
@@ -73,6 +77,31 @@ DEFAULT_EXIT_COMMANDS: dict[ProjectKind, dict[StepType, str]] = {
 }
 
 
+SOURCE_SUFFIXES: dict[ProjectKind, tuple[str, ...]] = {
+    ProjectKind.RUST: ("rs",),
+    ProjectKind.PYTHON: ("py", "pyi"),
+    ProjectKind.NODE: ("js", "mjs", "cjs", "jsx", "ts", "mts", "cts", "tsx", "vue", "svelte"),
+    ProjectKind.GO: ("go",),
+}
+"""Source file suffixes of each kind, to tell which kinds a step's description names."""
+
+
+def detect_project_kinds(repo: Path) -> tuple[ProjectKind, ...]:
+    """Every kind whose marker file is at the root of ``repo``, in ``MARKERS`` order."""
+    return tuple(k for k, markers in MARKERS if any((repo / m).exists() for m in markers))
+
+
+def default_exit_command(step: TaskStep, kinds: tuple[ProjectKind, ...]) -> str:
+    """The default exit command of ``step`` in a project of ``kinds`` (at least one)."""
+    named = [
+        kind
+        for kind in kinds
+        if re.search(rf"\w\.({'|'.join(SOURCE_SUFFIXES[kind])})\b", step.description)
+    ]
+    commands = list(dict.fromkeys(DEFAULT_EXIT_COMMANDS[k][step.step_type] for k in named or kinds))
+    return commands[0] if len(commands) == 1 else "sh -c " + shlex.quote(" && ".join(commands))
+
+
 def detect_project_kind(repo: Path) -> ProjectKind | None:
     """The project's kind from marker files at its root, or None."""
     for kind, markers in MARKERS:
@@ -87,14 +116,14 @@ def exit_command_for(step: TaskStep, config: MerlinConfig, repo: Path) -> str:
         return step.exit_command
     if step.step_type in config.exit_commands:
         return config.exit_commands[step.step_type]
-    kind = detect_project_kind(repo)
-    if kind is None:
+    kinds = detect_project_kinds(repo)
+    if not kinds:
         raise ConfigError(
             f"step {step.id!r}: no exit command for a {step.step_type} step, and {repo} is not "
             "a Rust, Python, Node or Go project: set `exit_command` on the step or "
             f'`{step.step_type} = "..."` under [exit_commands] in merlin.toml'
         )
-    return DEFAULT_EXIT_COMMANDS[kind][step.step_type]
+    return default_exit_command(step, kinds)
 
 
 SHELL_PUNCTUATION = frozenset(";&|<>()")

@@ -21,8 +21,9 @@ the masks are locked to the mounts beneath them and cannot be peeled off or bypa
 with a bind mount either. Masks are mounts on real paths, so a symlink inside the
 worktree leads to the mask, not around it.
 
-Nothing of the user's home, ``MERLIN_HOME``, other worktrees or the repository's git
-directory is mounted. The sandbox dies with its parent and is killed whole on timeout.
+Nothing of the user's home (but a toolchain's folders, ``workspace.toolchains``),
+``MERLIN_HOME``, other worktrees or the repository's git directory is mounted. The
+sandbox dies with its parent and is killed whole on timeout.
 
 ``mode = "none"`` runs the same commands directly, as the worker's user, with the same
 allowlisted environment; it is for machines without bubblewrap and is warned about. It
@@ -88,6 +89,13 @@ NETWORK_ENV = (
     "PIP_INDEX_URL",
     "PIP_EXTRA_INDEX_URL",
     "NPM_CONFIG_REGISTRY",
+    "npm_config_registry",
+    "GOPROXY",
+    "GONOPROXY",
+    "GOPRIVATE",
+    "GONOSUMDB",
+    "GOSUMDB",
+    "GOINSECURE",
 )
 """Proxy and package-index variables, passed to commands that have the network, unless
 they carry credentials (a URL with a password or token)."""
@@ -133,6 +141,9 @@ class Confinement:
     """Host paths inside the worktree the command must not change (bound read-only)."""
     worktree_writable: bool = True
     """False for a read-only agent: the whole worktree is bound read-only."""
+    worktree_binds: tuple[tuple[Path, str], ...] = ()
+    """Host folders bound read-only inside the worktree, each at a path under
+    ``/workspace`` (the environment's ``node_modules``); bwrap only."""
 
     def masked(self, masks: SandboxMasks) -> Confinement:
         """A copy with ``masks`` (``checkout.permission_masks``) added to its own."""
@@ -257,6 +268,8 @@ def bwrap_arguments(confinement: Confinement, env: Mapping[str, str]) -> list[st
     git_pointer = confinement.worktree / ".git"
     if git_pointer.exists():  # merlin commits by it, outside: never let a command redirect it
         args += ["--ro-bind", str(git_pointer), f"{WORKSPACE}/.git"]
+    for host_path, inside in confinement.worktree_binds:
+        args += ["--ro-bind", str(host_path), inside]
     args += _mask_arguments(confinement)
     if confinement.env_dir is not None:
         bind = "--bind" if confinement.env_writable else "--ro-bind"

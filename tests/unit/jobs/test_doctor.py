@@ -89,3 +89,80 @@ def test_the_broker_checks_read_the_probe_they_are_given() -> None:
         ("queue verify", Verdict.WARN),
     ]
     assert counts[-1].fix == "start `merlin worker -Q verify` (see Procfile)"
+
+
+def test_a_rust_repo_runs_its_toolchain_in_the_sandbox(merlin_home: Path, tmp_path: Path) -> None:
+    from merlin_flow.workspace.exit_commands import ProjectKind
+    from merlin_flow.workspace.toolchains import find_toolchain
+
+    if find_toolchain(ProjectKind.RUST) is None:
+        pytest.skip("no Rust toolchain (cargo) on this machine")
+    repo = make_repo(
+        tmp_path / "repo",
+        {"merlin.toml": SCRIPTED, "local.yaml": "rules: []\n", "Cargo.toml": "[package]\n"},
+    )
+    code, checks = doctor("--repo", str(repo))
+    assert checks["toolchain rust"]["verdict"] == "ok", checks["toolchain rust"]
+    assert "cargo" in checks["toolchain rust"]["detail"]
+    assert "toolchain python" not in checks  # the environment check covers Python
+    assert code == 0, checks
+
+
+def test_a_toolchain_not_found_fails_with_where_to_install_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from merlin_flow.config import load_config
+    from merlin_flow.jobs import doctor as doctor_module
+
+    monkeypatch.setattr(doctor_module, "find_toolchain", lambda kind: None)
+    for marker in ("Cargo.toml", "go.mod", "pyproject.toml"):
+        (tmp_path / marker).write_text("")
+    checks = doctor_module.toolchain_checks(tmp_path, load_config())
+    assert [(c.name, c.verdict) for c in checks] == [
+        ("toolchain rust", doctor_module.Verdict.FAIL),
+        ("toolchain go", doctor_module.Verdict.FAIL),
+    ]
+    assert "no `cargo` found" in checks[0].detail
+    assert checks[0].fix is not None
+    assert "rustup" in checks[0].fix
+    assert "~/.cargo/bin" in checks[0].fix
+
+
+def test_a_toolchain_out_of_the_sandboxs_reach_fails_with_the_reason(tmp_path: Path) -> None:
+    from merlin_flow.config import load_config
+    from merlin_flow.jobs.doctor import Verdict, toolchain_check
+    from merlin_flow.workspace.exit_commands import ProjectKind
+    from merlin_flow.workspace.sandbox import sandbox_problem
+    from merlin_flow.workspace.toolchains import Toolchain
+
+    if sandbox_problem():
+        pytest.skip(str(sandbox_problem()))
+    cargo = tmp_path / "bin" / "cargo"  # found, but nothing of it bound
+    cargo.parent.mkdir()
+    cargo.write_text("#!/bin/sh\necho cargo 1.0\n")
+    cargo.chmod(0o755)
+    found = Toolchain(ProjectKind.RUST, cargo, "system PATH")
+    check = toolchain_check(ProjectKind.RUST, load_config(), found)
+    assert check.verdict is Verdict.FAIL
+    assert "exit code" in check.detail
+    assert "execvp cargo" in check.detail
+    assert check.fix is not None
+    assert str(cargo) in check.fix
+    bound = Toolchain(ProjectKind.RUST, cargo, "system PATH", (str(cargo.parent),), (cargo.parent,))
+    check = toolchain_check(ProjectKind.RUST, load_config(), bound)
+    assert (check.verdict, check.detail) == (Verdict.OK, f"cargo 1.0 (system PATH: {cargo})")
+
+
+def test_a_toolchain_check_without_a_sandbox_says_to_fix_it_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from merlin_flow.config import load_config
+    from merlin_flow.jobs import doctor as doctor_module
+    from merlin_flow.workspace.exit_commands import ProjectKind
+    from merlin_flow.workspace.toolchains import Toolchain
+
+    monkeypatch.setattr(doctor_module, "sandbox_problem", lambda: "bubblewrap is not installed")
+    found = Toolchain(ProjectKind.GO, Path("/usr/bin/go"), "system PATH")
+    check = doctor_module.toolchain_check(ProjectKind.GO, load_config(), found)
+    assert check.verdict is doctor_module.Verdict.FAIL
+    assert check.fix == "fix the sandbox check first"

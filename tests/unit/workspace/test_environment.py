@@ -110,11 +110,16 @@ def test_configured_setup_is_taken_as_written_and_empty_means_none(src_repo: Pat
     assert not plan_environment(src_repo, head(src_repo), config(setup=[])).needed
 
 
-def test_other_kinds_get_no_default_environment(tmp_path: Path) -> None:
-    repo = make_repo(tmp_path / "rust", {"Cargo.toml": "[package]\nname = 'x'\n"})
+def test_every_kind_at_the_root_gets_its_default_setup(tmp_path: Path) -> None:
+    """A mixed repository (a Python service with a Node front end) gets both, in order."""
+    repo = make_repo(
+        tmp_path / "mixed",
+        {"pyproject.toml": HATCH_PROJECT, "package.json": "{}", "package-lock.json": "{}"},
+    )
     plan = plan_environment(repo, head(repo), config())
-    assert plan.kind is ProjectKind.RUST
-    assert not plan.needed
+    assert (plan.kind, plan.kinds) == (ProjectKind.PYTHON, (ProjectKind.PYTHON, ProjectKind.NODE))
+    assert plan.setup[0].startswith("uv venv ")
+    assert plan.setup[-1] == 'npm ci && mv node_modules "$MERLIN_ENV/node_modules"'
 
 
 def test_the_key_follows_the_cache_key_files_only(src_repo: Path) -> None:

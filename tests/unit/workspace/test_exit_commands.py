@@ -62,10 +62,28 @@ def test_markers_only_count_at_the_root(tmp_path: Path) -> None:
     assert detect_project_kind(tmp_path) is None
 
 
-def test_rust_marker_wins_over_python(tmp_path: Path) -> None:
+def test_rust_marker_comes_first_of_several(tmp_path: Path) -> None:
     assert (
         detect_project_kind(project(tmp_path, "pyproject.toml", "Cargo.toml")) is ProjectKind.RUST
     )
+
+
+@pytest.mark.parametrize(
+    ("description", "expected"),
+    [
+        ("fix the rounding in web/src/price.ts", "npm test"),
+        ("fix app/pricing.py and its test", "python -m pytest -q"),
+        ("fix prices in the service and the page", "sh -c 'python -m pytest -q && npm test'"),
+        ("fix a.py and b.tsx together", "sh -c 'python -m pytest -q && npm test'"),
+    ],
+)
+def test_a_mixed_repository_checks_the_kinds_the_step_names(
+    tmp_path: Path, description: str, expected: str
+) -> None:
+    """A Python service with a Node front end: the kinds whose files the step names, or all."""
+    repo = project(tmp_path, "pyproject.toml", "package.json")
+    step = TaskStep(id="s1", step_type=StepType.TEST, description=description)
+    assert exit_command_for(step, config(), repo) == expected
 
 
 def test_step_exit_command_wins(tmp_path: Path) -> None:
