@@ -269,6 +269,8 @@ class Campaign:
         self.idle = IdleWatch(args.lease, self.handoff)
         self._orphan_checks: list[tuple[float, int, set[Key]]] = []
         self._stopped = False
+        self.finished = False
+        """Whether every job finished before ``max_minutes`` (set by ``run``)."""
         self.job_ids: list[str] = []
         self.repos: dict[str, Path] = {}
         self._lock = threading.Lock()
@@ -453,7 +455,7 @@ class Campaign:
                     self.idle.poll(self.db, self.broker)
                 self.check_orphans()
                 if all(f.done() for f in futures) and self.unfinished_submitted() == 0:
-                    finished = True
+                    finished = self.finished = True
                     break
                 kills = len(self.tally.kills)
                 if time.monotonic() >= next_kill and kills < self.args.max_kills:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
     args = parse(
         ["--jobs", "6", "--steps", "2", "--workers", "2", "--backend", "sqlite",
-         "--kill-every", "2", "4", "--max-kills", "3", "--seed", "7", "--max-minutes", "1.5"]
+         "--kill-every", "2", "4", "--max-kills", "3", "--seed", "7", "--max-minutes", "3"]
     )  # fmt: skip
     with backend("sqlite", tmp_path) as target:
         campaign = Campaign(tmp_path, args, target)
@@ -42,14 +42,14 @@ def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
     assert (campaign.tally.orphans, campaign.tally.orphans_at_end) == ([], [])
     assert result.over == [], (result.idle_step, result.unswept)
     assert result.idle <= result.bound
-    assert seconds < 90
+    assert campaign.finished, f"unfinished after {seconds:.0f} s: {campaign.log_tail()}"
 
 
 def test_a_poison_step_is_parked_and_the_other_jobs_complete(tmp_path: Path) -> None:
     """A step that kills the process running it at every delivery, with no other kill."""
     args = parse(
         ["--jobs", "3", "--poison", "1", "--steps", "2", "--workers", "2",
-         "--backend", "sqlite", "--max-kills", "0", "--seed", "8", "--max-minutes", "2"]
+         "--backend", "sqlite", "--max-kills", "0", "--seed", "8", "--max-minutes", "4"]
     )  # fmt: skip
     with backend("sqlite", tmp_path) as target:
         campaign = Campaign(tmp_path, args, target)
@@ -63,4 +63,4 @@ def test_a_poison_step_is_parked_and_the_other_jobs_complete(tmp_path: Path) -> 
         campaign.stop()
     assert found.violations == [], campaign.log_tail()
     assert (found.jobs, found.completed, found.parked) == (3, 2, 1)
-    assert seconds < 110
+    assert campaign.finished, f"unfinished after {seconds:.0f} s: {campaign.log_tail()}"
