@@ -21,15 +21,21 @@ from workers.tasks import ALL_QUEUES, QUEUES
 REDIS_VISIBILITY_TIMEOUT = 6 * 3600
 
 
-def create_app(settings: Settings | None = None) -> Celery:
-    """Build the Celery app for the given (or current) settings."""
+def create_app(settings: Settings | None = None, current: bool = True) -> Celery:
+    """Build the Celery app for the given (or current) settings.
+
+    ``current``: make it the app merlin's shared tasks publish through; False for an app
+    that only asks the broker (``merlin doctor``), which must not redirect them.
+    """
     settings = settings or get_settings()
     if settings.broker_is_embedded:
         import kombu.transport.sqlalchemy as sqla_transport
 
         sqla_transport.Transport.polling_interval = settings.broker_poll_interval
         settings.home_dir.mkdir(parents=True, exist_ok=True)
-    app = Celery("merlin_flow", broker=settings.broker, include=["workers.tasks"])
+    app = Celery(
+        "merlin_flow", broker=settings.broker, include=["workers.tasks"], set_as_current=current
+    )
     transport_options: dict[str, object] = {}
     if settings.broker.startswith(("redis://", "rediss://")):
         transport_options = {
@@ -68,8 +74,9 @@ def create_app(settings: Settings | None = None) -> Celery:
     )
     app.conf.merlin_queues = ALL_QUEUES
     # Our tasks are shared tasks: make this app the one they (and chains) publish through.
-    app.set_default()
-    app.set_current()
+    if current:
+        app.set_default()
+        app.set_current()
     return app
 
 

@@ -227,7 +227,8 @@ def doctor(
         top = find_repository(repo) if repo is not None else None
         settings = get_settings()
         loaded = load_config(top, config, settings.home_dir)
-        checks = run_checks(settings, loaded, top, lambda: broker_report(create_app(settings)))
+        probe = create_app(settings, current=False)  # asks the broker, publishes nothing
+        checks = run_checks(settings, loaded, top, lambda: broker_report(probe))
         failed = any(check.verdict is Verdict.FAIL for check in checks)
         if as_json:
             console.print_json(json.dumps([check.as_dict() for check in checks]))

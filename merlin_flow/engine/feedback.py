@@ -8,6 +8,7 @@ step that failed for good tells its job (and the person reading it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,16 @@ LAST_LINE_CHARS = 200
 """The most of a command's last line a reason quotes."""
 TAIL_LINES = 5
 """Lines of the decisive output a step's failure quotes (``merlin logs`` has the rest)."""
+MARKED_LINES = 3
+"""Earlier lines a step's failure quotes that a test runner marked as failures."""
+SUMMARY = re.compile(
+    r"\b(\d+ (failed|failures?|errors?|passed|problems?)|fail(ed|ures?)?|errors?)\b", re.I
+)
+"""A line that counts or names failures: pytest's, vitest's, TAP's, cargo's, a linter's."""
+FAILURE_MARK = re.compile(
+    r"^\s*(not ok\b|--- FAIL\b|FAILED\b|FAIL\b|[\u00d7\u2717\u2715] )|panicked at"
+)
+"""How test runners mark a failed test: TAP, go test, pytest, jest and vitest, cargo."""
 
 INTEGRATE_GUIDANCE = (
     "\nSteps of this job that ran beside this one passed first and moved the job branch. "
@@ -40,21 +51,38 @@ def failure_of(attempt: Attempt) -> Failure:
 def failure_reason(attempt: Attempt) -> str:
     """A one-line reason for a failed attempt: its error, or its exit command's outcome.
 
-    A failed exit command is named with its exit code and the last line it printed
-    (pytest's count, a linter's total), which is what a person looks for first.
+    A failed exit command is named with its exit code and its summary line (pytest's or
+    vitest's count, TAP's ``# fail 1``, a linter's total), which is what a person looks
+    for first; not a timing line printed after it.
     """
     if attempt.error:
         return attempt.error
-    said = last_line(attempt.output_tail)
+    said = summary_line(attempt.output_tail)
     return f"`{attempt.step.exit_command}` exited with code {attempt.exit_code}" + (
         f": {said}" if said else ""
     )
 
 
-def last_line(output: str | None, chars: int = LAST_LINE_CHARS) -> str:
-    """The last non-empty line of a command's output: its last ``chars`` if it is long."""
+def summary_line(output: str | None, chars: int = LAST_LINE_CHARS) -> str:
+    """The line of a command's output that sums it up: its last ``chars`` if it is long.
+
+    That is the last line that counts or names failures, else the last non-empty line.
+    """
     lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
-    return lines[-1][-chars:] if lines else ""
+    summary = next((line for line in reversed(lines) if SUMMARY.search(line)), None)
+    return (summary or (lines[-1] if lines else ""))[-chars:]
+
+
+def decisive_lines(output: str | None) -> list[str]:
+    """The lines of a failed command's output that a step's failure quotes.
+
+    Its last ``TAIL_LINES``, after the first few lines before them that a test runner
+    marked as a failed test (``not ok``, ``--- FAIL``, ``FAILED``...), then ``…``.
+    """
+    lines = [line.rstrip() for line in (output or "").splitlines() if line.strip()]
+    tail, before = lines[-TAIL_LINES:], lines[:-TAIL_LINES]
+    marked = [line for line in before if FAILURE_MARK.search(line)][:MARKED_LINES]
+    return [*marked, "…", *tail] if marked else tail
 
 
 def decisive_attempt(attempts: Sequence[Attempt]) -> Attempt | None:
@@ -75,11 +103,10 @@ def step_failure(step: Step) -> str:
     decisive = decisive_attempt(attempts)
     if decisive is None:
         return failure_reason(attempts[-1]) if attempts else "no attempt ran"
-    lines = [line for line in (decisive.output_tail or "").splitlines() if line.strip()]
     text = f"attempt {decisive.number} ({decisive.kind} on tier {decisive.tier}): " + (
         failure_reason(decisive)
     )
-    text += "".join(f"\n    {line}" for line in lines[-TAIL_LINES:])
+    text += "".join(f"\n    {line}" for line in decisive_lines(decisive.output_tail))
     later = attempts[attempts.index(decisive) + 1 :]
     if later:
         text += "\nthen " + "; ".join(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from merlin_flow.engine.feedback import TAIL_LINES, decisive_attempt, failure_reason
+from merlin_flow.engine.feedback import decisive_attempt, decisive_lines, failure_reason
 from merlin_flow.failures import AttemptKind
 from merlin_flow.store import Step, StepStatus
 
@@ -56,7 +56,6 @@ def failure_view(steps: list[Step]) -> FailureView | None:
     decisive = decisive_attempt(attempts)
     last = decisive or (attempts[-1] if attempts else None)
     later = attempts[attempts.index(decisive) + 1 :] if decisive is not None else []
-    lines = [line for line in ((decisive and decisive.output_tail) or "").splitlines() if line]
     return {
         "step": step.key,
         "attempt": decisive.number if decisive else None,
@@ -65,7 +64,7 @@ def failure_view(steps: list[Step]) -> FailureView | None:
         "exit_command": step.exit_command,
         "exit_code": decisive.exit_code if decisive else None,
         "reason": failure_reason(last) if last else (step.error or ""),
-        "tail": "\n".join(lines[-TAIL_LINES:]),
+        "tail": "\n".join(decisive_lines(decisive.output_tail if decisive else None)),
         "later": [
             {
                 "attempt": a.number,

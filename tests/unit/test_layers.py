@@ -355,7 +355,7 @@ UNTESTED = frozenset(
         "merlin_flow/planning/questions.py",
         "merlin_flow/resources.py", "merlin_flow/settings.py", "merlin_flow/store/database.py",
         "merlin_flow/store/models.py", "merlin_flow/workspace/command_guard.py",
-        "workers/app.py", "workers/canvas.py", "workers/roles.py", "workers/sweeper.py",
+        "workers/canvas.py", "workers/roles.py", "workers/sweeper.py",
         "workers/tasks.py",
     }
 )  # fmt: skip

@@ -6,10 +6,12 @@ from types import SimpleNamespace
 
 from merlin_flow.engine.feedback import (
     FEEDBACK_CHARS,
+    decisive_lines,
     failure_of,
     failure_reason,
     feedback_for,
     step_failure,
+    summary_line,
 )
 from merlin_flow.failures import AttemptKind, Failure, FailureKind
 from tests.unit.attempts import attempt
@@ -110,3 +112,46 @@ def test_failure_of_reads_the_stored_kind_never_the_error_text() -> None:
     assert failure_of(looks_alike).kind is FailureKind.CAPABILITY
     failed = attempt(1, E, exit_code=1)
     assert failure_of(failed).kind is FailureKind.CAPABILITY
+
+
+# --- what a step's failure quotes ----------------------------------------------------------
+
+TAP = """\
+TAP version 13
+not ok 1 - adds
+  error: 'NaN !== 7'
+1..1
+# tests 1
+# pass 0
+# fail 1
+# cancelled 0
+# skipped 0
+# duration_ms 79.24
+"""
+VITEST = """\
+ FAIL  test/defu.test.ts > defu > concats arrays
+ Test Files  1 failed | 1 passed (2)
+      Tests  2 failed | 21 passed (23)
+   Start at  20:35:35
+   Duration  406ms (transform 70ms)
+"""
+
+
+def test_the_summary_line_is_the_count_not_a_timing_printed_after_it() -> None:
+    assert summary_line(TAP) == "# fail 1"
+    assert summary_line(VITEST) == "Tests  2 failed | 21 passed (23)"
+    assert summary_line("collected 3\n1 failed, 2 passed in 0.1s\n") == "1 failed, 2 passed in 0.1s"
+    assert summary_line("nothing to see\nbye\n") == "bye"
+    assert summary_line("") == ""
+
+
+def test_a_step_failure_quotes_the_marked_failures_before_the_tail() -> None:
+    assert decisive_lines(TAP)[:2] == ["not ok 1 - adds", "…"]
+    assert decisive_lines(TAP)[-1] == "# duration_ms 79.24"
+    assert decisive_lines(VITEST) == VITEST.rstrip().splitlines()  # all in the tail
+    plain = "\n".join(f"line {n}" for n in range(9))
+    assert decisive_lines(plain) == [f"line {n}" for n in range(4, 9)]
+    attempts = [attempt(1, E, exit_code=1, output_tail=TAP)]
+    text = step_failure(SimpleNamespace(attempts=attempts))
+    assert text.splitlines()[0].endswith("exited with code 1: # fail 1")
+    assert "    not ok 1 - adds" in text.splitlines()
