@@ -35,6 +35,7 @@ from merlin_flow.tool_config import (
     McpServer,
     PermissionRules,
     Sandbox,
+    SecretScan,
     merge_rules,
     refuse_loosening,
     user_sections,
@@ -220,6 +221,8 @@ class MerlinConfig(BaseModel):
     """Which agent a step without `agent:` gets (`[agents]`)."""
     mcp_servers: dict[str, McpServer] = Field(default_factory=dict)
     """MCP servers whose tools steps may use (`[mcp_servers.NAME]`)."""
+    secrets: SecretScan = Field(default_factory=SecretScan)
+    """Paths whose key formats an attempt may commit (`[secrets]`)."""
     source: str | None = None
     """The file the configuration was read from (set by the loader)."""
 

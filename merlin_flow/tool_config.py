@@ -2,7 +2,7 @@
 
 `[permissions]`, with the grammar of its rules (``parse_rule``) and how two levels merge
 (``merge_rules``); `[sandbox]` and `[environment]`, where a step's commands run; `[agents]`
-(which agent a step gets) and `[mcp_servers]` (whose tools join the built-in ones).
+(which agent a step gets), `[mcp_servers]` (whose tools join the built-in ones), `[secrets]`.
 ``MerlinConfig`` holds one of each. ``refuse_loosening`` says what a repository's own
 file may not set. The rules are applied by ``merlin_flow.tools.permissions`` (to tool
 calls) and ``merlin_flow.workspace.checkout`` (to what the sandbox mounts).
@@ -251,6 +251,36 @@ class Sandbox(BaseModel):
         return self
 
 
+class SecretScan(BaseModel):
+    """`[secrets]`: what the scan of each attempt's changes for secrets leaves alone."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+
+    allow: list[str] = Field(default_factory=list)
+    """Path globs, as `[permissions]` path rules read them (`tests/fixtures/**`), whose
+    added lines are not scanned for key formats. The worker's own secrets are looked for
+    in every file."""
+
+    @field_validator("allow")
+    @classmethod
+    def _valid_globs(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            path_glob(pattern)  # ValueError naming the pattern
+        return patterns
+
+
+def path_glob(pattern: str) -> Rule:
+    """A path glob read as `[permissions]` path rules are (``Rule.matches_path``), or ValueError."""
+    spec, problem = pattern.strip(), "empty, a NUL character, or a path outside the repository"
+    try:
+        path = _path_pattern(spec, spec) if spec and "\x00" not in spec else None
+    except ValueError:
+        path, problem = None, "`.`, `..` or `//` inside the path"
+    if path is None:
+        raise ValueError(f"path glob {pattern!r}: {problem}")
+    return Rule(spec, "Read", spec, path=path)
+
+
 class Environment(BaseModel):
     """The project's own environment, built once per cache key and reused by every job."""
 
@@ -266,6 +296,10 @@ class Environment(BaseModel):
     lock files, such as pyproject.toml, setup.py, requirements*.txt, uv.lock)."""
     setup_timeout: float = Field(default=1800.0, gt=0)
     """Seconds the whole setup may take before it fails."""
+    attempt_network: bool = False
+    """Give the network to a build for dependency files a step changed (its build code is
+    the model's); off, such a build works from the package caches only. Only a --config
+    file may turn it on."""
 
 
 class AgentSettings(BaseModel):
@@ -339,6 +373,8 @@ def refuse_loosening(overlay: dict[str, Any], user: dict[str, Any], source: Path
         ]
         if loosened:
             problems.append(f"[sandbox] {', '.join(loosened)}")
+    if _table(overlay, "environment").get("attempt_network") not in (None, False):
+        problems.append("[environment] attempt_network")
     user_default = _table(user, "permissions").get("default")
     allows = _table(overlay, "permissions").get("allow")
     if user_default == "deny" and allows:

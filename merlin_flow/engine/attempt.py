@@ -73,6 +73,7 @@ from merlin_flow.tasklist import StepType
 from merlin_flow.tool_config import SandboxMode
 from merlin_flow.workspace.git import attempt_ref, commit_all, same_tree, write_excludes_file
 from merlin_flow.workspace.repository import JobRepository, repository_of
+from merlin_flow.workspace.secret_scan import SecretHit, hit_lines, keep_secrets_out, secret_error
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +233,9 @@ def _work_in_worktree(
                 if isinstance(exc, ModelUnreachable):
                     failure = FailureKind.ACCESS
             _settle_permissions(held, worktree, plan.agent)
+            hits = keep_secrets_out(worktree, excludes, config.secrets.allow)
+            if hits:  # nothing the attempt wrote is committed: it fails
+                error = _refuse_secrets(held, plan.number, hits, error)
             message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
             commit = commit_all(
                 worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes
@@ -251,6 +255,15 @@ def _settle_permissions(held: HeldStep, worktree: Path, agent: AgentDefinition |
         with held.db.session() as session:
             for kind, message in events:
                 add_event(session, held.job_id, kind, message, held.step_key)
+
+
+def _refuse_secrets(held: HeldStep, number: int, hits: list[SecretHit], error: str | None) -> str:
+    """Record where the attempt wrote secrets (never the values); its error."""
+    with held.db.session() as session:
+        for hit in hit_lines(hits):
+            data: AttemptData = {"attempt": number}
+            add_event(session, held.job_id, EventKind.SECRET_IN_DIFF, hit, held.step_key, data)
+    return secret_error(hits) + (f"\n\n{error}" if error else "")
 
 
 def _record_attempt(held: HeldStep, plan: _AttemptPlan, end: _AttemptEnd) -> bool:

@@ -23,7 +23,7 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.finalize import fail_job
 from merlin_flow.engine.leases import Heartbeat, claim, release_step, token_tag
-from merlin_flow.errors import LeaseLost, SandboxUnavailable, SetupFailed
+from merlin_flow.errors import ConfigError, LeaseLost, SandboxUnavailable, SetupFailed
 from merlin_flow.settings import Settings
 from merlin_flow.store import FINAL_JOB_STATUSES, Database, Job, Phase, Step
 from merlin_flow.store.events import EventKind, add_event
@@ -70,7 +70,7 @@ class HeldStep:
         except LeaseLost as exc:
             log.warning("%s", exc)
             return Outcome.STOP
-        except (SetupFailed, SandboxUnavailable) as exc:
+        except (SetupFailed, SandboxUnavailable, ConfigError) as exc:
             fail_job(self.db, self.settings, self.job_id, self.step_key, self.token, str(exc))
             return Outcome.STOP
 
@@ -83,8 +83,11 @@ class HeldStep:
     def checkout(self, repository: JobRepository, commit: str, name: str) -> Iterator[Checkout]:
         """A checkout of ``commit`` in a worktree of this step's (``worktree(name)``).
 
-        An environment built for it is recorded in the job's history.
+        An environment built for it is recorded in the job's history; one built for
+        dependency files a step changed (not the job's base commit's) has no network.
         """
+        with self.db.reader() as session:
+            base = session.get_one(Job, self.job_id).base_commit
         with open_checkout(
             self.settings,
             self.config,
@@ -93,6 +96,7 @@ class HeldStep:
             self.worktree(name),
             self._environment_built,
             self.job_ended,
+            trusted=base,
         ) as checkout:
             yield checkout
 

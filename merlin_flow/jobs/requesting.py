@@ -32,7 +32,7 @@ from merlin_flow.agents.definitions import load_agents
 from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config
 from merlin_flow.engine.budget import require_priced_tiers
 from merlin_flow.engine.lifecycle import approve_plan, await_approval, record_answer, reject_plan
-from merlin_flow.errors import InputError, JobNotFoundError
+from merlin_flow.errors import InputError, JobNotFoundError, RecordInDoubt
 from merlin_flow.jobs.submission import (
     add_steps,
     check_budget,
@@ -271,31 +271,45 @@ def approve_job(
         commands = default_exit_commands(chosen, config, files)
         agents = choose_agents(chosen.steps, config, load_agents(files, settings.home_dir))
     check_exit_commands(chosen, config, commands)
-    with db.session() as session:
+    who = approved_by or user_name()
+
+    def write(session: Session) -> None:
         job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "approved")
-        with refusals_as_input_errors(repository):
-            repository.start_branch(job.branch, base)
-        try:
-            job.tasklist = chosen.model_dump(mode="json")
-            job.title = chosen.title
-            add_steps(job, chosen, config, commands, settings, agents)
-            who = approved_by or user_name()
-            job.plan = dict(job.plan or {}, approved_by=who, approved_at=utcnow().isoformat())
-            job.plan["edited"] = tasklist is not None
-            approve_plan(session, job, who, edited=tasklist is not None)
-            session.flush()
-        except BaseException:
-            repository.drop_branch(job.branch)
-            raise
+        job.tasklist = chosen.model_dump(mode="json")
+        job.title = chosen.title
+        add_steps(job, chosen, config, commands, settings, agents)
+        job.plan = dict(job.plan or {}, approved_by=who, approved_at=utcnow().isoformat())
+        job.plan["edited"] = tasklist is not None
+        approve_plan(session, job, who, edited=tasklist is not None)
+
+    branch = job_branch(job_id)
+    with refusals_as_input_errors(repository):  # of two approvers, one makes the branch
+        repository.start_branch(branch, base)
+    try:  # tried again if an outage cuts it, never recorded twice (as `submit`)
+        write_patiently(db, write, lambda s: _decided(s, job_id), f"the approval of {job_id}")
+    except RecordInDoubt:
+        raise  # the approval may have landed: its branch stays
+    except BaseException:
+        repository.drop_branch(branch)
+        raise
 
 
 def reject_job(db: Database, job_id: str, rejected_by: str | None = None) -> None:
     """End a job waiting for approval as ``rejected``: no step runs, no branch is made."""
-    with db.session() as session:
+    who = rejected_by or user_name()
+
+    def write(session: Session) -> None:
         job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "rejected")
-        who = rejected_by or user_name()
         job.plan = dict(job.plan or {}, rejected_by=who, rejected_at=utcnow().isoformat())
         reject_plan(session, job, who)
+
+    write_patiently(db, write, lambda s: _decided(s, job_id), f"the rejection of {job_id}")
+
+
+def _decided(session: Session, job_id: str) -> bool:
+    """Whether the job no longer waits for approval (a cut commit landed after all)."""
+    job = session.get(Job, job_id)
+    return job is not None and job.status != JobStatus.AWAITING_APPROVAL
 
 
 def _job(job: Job | None, job_id: str) -> Job:

@@ -31,6 +31,7 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
 from merlin_flow.store.database import write_patiently
 from merlin_flow.store.events import EventKind, add_event
+from merlin_flow.store.redaction import refer_to_secrets
 from merlin_flow.tasklist import TaskList, load_tasklist
 from merlin_flow.workspace.exit_commands import exit_command_for, refuse_shell_syntax
 from merlin_flow.workspace.git import job_branch, uncommitted_files
@@ -246,7 +247,7 @@ def add_steps(
             step_type=step.step_type.value,
             description=step.description,
             verification=step.verification,
-            exit_command=command,
+            exit_command=refer_to_secrets(command),  # the store holds no secret
             agent=agent.name if agent is not None else None,
             agent_spec=agent.to_record() if agent is not None else None,
             agent_choice=choice.how,

@@ -60,6 +60,9 @@ class EventKind(StrEnum):
     """A change a `[permissions]` deny forbids was undone after the attempt."""
     PERMISSIONS_UNENFORCED = "permissions_unenforced"
     """Without the sandbox, commands could read or change what the rules cover."""
+    SECRET_IN_DIFF = "secret_in_diff"
+    """An attempt's changes held a secret (named by file, line and kind, never by value):
+    none of them was committed, and the attempt failed."""
     VERIFY_FAILED = "verify_failed"
     INTEGRATION_FAILED = "integration_failed"
     SPEC_CHECK = "spec_check"
@@ -184,6 +187,7 @@ DATA: Mapping[EventKind, type[Any]] = {
     EventKind.ATTEMPT_RESUMED: AttemptData,
     EventKind.ATTEMPT_COMMITTED: AttemptData,
     EventKind.ATTEMPT_ERROR: AttemptData,
+    EventKind.SECRET_IN_DIFF: AttemptData,
     EventKind.VERIFY_FAILED: ExitCodeData,
     EventKind.INTEGRATION_FAILED: IntegrationFailedData,
     EventKind.STEP_INTEGRATED: IntegratedData,

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote
 
+from merlin_flow.errors import ConfigError
 from merlin_flow.tool_config import is_secret_name
 
 REDACTED = "[REDACTED]"
@@ -64,6 +65,48 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
             candidates += [value, value.strip()]
         candidates += url_credentials(value)
     return _longest_first(candidates)
+
+
+SECRET_REFERENCE = re.compile(r"\$\{merlin-secret:([A-Za-z_][A-Za-z0-9_]*)\}")
+"""How a stored exit command refers to a worker's secret: ``${merlin-secret:NAME}``."""
+
+
+def refer_to_secrets(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """``text`` with the value of each secret-looking variable replaced by a reference.
+
+    An exit command the user wrote with a secret's value in it is stored this way: the
+    store holds no secret, and ``fill_secrets`` gives the worker that runs it the
+    command the user wrote.
+    """
+    env = os.environ if environ is None else environ
+    named = {
+        value: name
+        for name, value in env.items()
+        if is_secret_name(name) and len(value) >= MIN_SECRET_LENGTH
+    }
+    for value in _longest_first(named):
+        text = text.replace(value, "${merlin-secret:" + named[value] + "}")
+    return text
+
+
+def fill_secrets(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """``text`` with each ``${merlin-secret:NAME}`` replaced by NAME's value here.
+
+    ConfigError naming the variable when this process's environment lacks it.
+    """
+    env = os.environ if environ is None else environ
+
+    def value(match: re.Match[str]) -> str:
+        name = match[1]
+        if name not in env:
+            raise ConfigError(
+                f"the exit command refers to ${name} (it held its value when the job was "
+                f"submitted), and this worker's environment has no {name}: set it for the "
+                "worker, or submit the job again"
+            )
+        return env[name]
+
+    return SECRET_REFERENCE.sub(value, text)
 
 
 def _longest_first(values: Iterable[str]) -> list[str]:

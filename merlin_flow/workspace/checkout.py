@@ -172,16 +172,22 @@ def _covered(root: Path, rules: list[Rule]) -> tuple[Path, ...]:
 
 
 def ready_environment(
-    settings: Settings, config: MerlinConfig, repository: JobRepository, commit: str
+    settings: Settings,
+    config: MerlinConfig,
+    repository: JobRepository,
+    commit: str,
+    trusted: str | None = None,
 ) -> BuiltEnvironment | None:
     """The project's environment at ``commit``, built now if no worker has built it yet.
 
     SetupFailed when setup fails. Environments are named for the repository's folder or
-    URL (``merlin prune`` finds a repository's environments by that name).
+    URL (``merlin prune`` finds a repository's environments by that name). ``trusted``:
+    the job's base commit (``ensure_environment``: a build for dependency files a step
+    changed gets no network).
     """
     where = repository.location
     name = where.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
-    return ensure_environment(settings, config, repository.path, commit, name, where)
+    return ensure_environment(settings, config, repository.path, commit, name, where, trusted)
 
 
 @contextmanager
@@ -193,14 +199,16 @@ def open_checkout(
     worktree: Path,
     on_built: Callable[[BuiltEnvironment], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    trusted: str | None = None,
 ) -> Iterator[Checkout]:
     """A checkout of ``commit`` at ``worktree``, its environment ready; removed at the end.
 
     ``on_built`` is told of an environment this call built (the engine records it);
-    ``stop`` is asked while each of its commands runs (``Checkout.stop``).
+    ``stop`` is asked while each of its commands runs (``Checkout.stop``); ``trusted``
+    is the job's base commit (``ready_environment``).
     SetupFailed when the environment cannot be built; nothing is checked out then.
     """
-    environment = ready_environment(settings, config, repository, commit)
+    environment = ready_environment(settings, config, repository, commit, trusted)
     if environment is not None and environment.built and on_built is not None:
         on_built(environment)
     try:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 import sys
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -38,10 +39,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from merlin_flow.config import MerlinConfig
+from merlin_flow.settings import Settings
 from merlin_flow.tool_config import Sandbox, SandboxMode
 from merlin_flow.workspace.exit_commands import MARKERS, ProjectKind
 from merlin_flow.workspace.git import run_git
-from merlin_flow.workspace.sandbox import WORKSPACE, Confinement
+from merlin_flow.workspace.sandbox import WORKSPACE, Confinement, python_mounts
 from merlin_flow.workspace.toolchains import find_toolchain, toolchain_mounts
 
 TEST_EXTRAS = ("test", "tests", "testing")
@@ -56,6 +59,8 @@ BUILD_DIR = "build"
 """The environment's subfolder commands may write (a compiler's incremental output)."""
 BUILD_INSIDE = "/merlin/build"
 """Where sandboxed commands see the build cache."""
+CACHE_INSIDE = "/merlin/cache"
+"""Where setup sees the package caches (``uv``, ``npm``), shared by every build."""
 NODE_LOCKS = (
     ("pnpm-lock.yaml", "pnpm install --frozen-lockfile"),
     (
@@ -115,18 +120,25 @@ def default_python_setup(git_dir: Path, commit: str, names: set[str]) -> list[st
 
 
 def kind_variables(
-    kinds: Iterable[ProjectKind], env_dir: str, build_dir: str, *, setup: bool
+    kinds: Iterable[ProjectKind],
+    env_dir: str,
+    build_dir: str,
+    *,
+    setup: bool,
+    offline: bool | None = None,
 ) -> dict[str, str]:
     """The variables ``kinds`` need, the environment and build cache being at these paths.
 
-    The paths are as the command sees them; ``setup``: for the build, which has the network.
+    The paths are as the command sees them; ``setup``: for the build; ``offline``
+    (default: all but the build): the package managers may not reach the network.
     """
+    offline = not setup if offline is None else offline
     variables: dict[str, str] = {}
     for kind in kinds:
         if kind is ProjectKind.RUST:
             variables["CARGO_HOME"] = f"{env_dir}/cargo"
             variables["CARGO_TARGET_DIR"] = f"{build_dir}/target"
-            if not setup:
+            if offline:
                 variables["CARGO_NET_OFFLINE"] = "true"
         elif kind is ProjectKind.NODE:
             variables["npm_config_update_notifier"] = "false"
@@ -134,20 +146,25 @@ def kind_variables(
             # The worker's pnpm, not the one `packageManager` pins: that one would be
             # downloaded, and commands have no network.
             variables["npm_config_manage_package_manager_versions"] = "false"
-            if not setup:
+            if offline:
                 variables["npm_config_offline"] = "true"
         elif kind is ProjectKind.GO:
             variables["GOMODCACHE"] = f"{env_dir}/gomod"
             variables["GOCACHE"] = f"{build_dir}/go"
             variables["GOTOOLCHAIN"] = "local"  # never download another Go
             variables["GOFLAGS"] = "-modcacherw"  # so `merlin prune` can remove it
-            if not setup:
+            if offline:
                 variables["GOPROXY"] = "off"
     return variables
 
 
 def confine_kinds(
-    confinement: Confinement, kinds: Iterable[ProjectKind], sandbox: Sandbox, *, setup: bool
+    confinement: Confinement,
+    kinds: Iterable[ProjectKind],
+    sandbox: Sandbox,
+    *,
+    setup: bool,
+    offline: bool | None = None,
 ) -> Confinement:
     """``confinement`` with what ``kinds`` need to run.
 
@@ -173,7 +190,9 @@ def confine_kinds(
         modules = env / "node_modules"
         if bwrap and not setup and modules.is_dir():
             binds.append((modules, f"{WORKSPACE}/node_modules"))
-        variables.update(kind_variables(kinds, env_inside, build_inside, setup=setup))
+        variables.update(
+            kind_variables(kinds, env_inside, build_inside, setup=setup, offline=offline)
+        )
     return replace(
         confinement,
         path=(*confinement.path, *path),
@@ -185,6 +204,54 @@ def confine_kinds(
         worktree_binds=tuple(binds),
         variables={**variables, **confinement.variables},
     )
+
+
+def setup_confinement(
+    settings: Settings,
+    config: MerlinConfig,
+    kinds: tuple[ProjectKind, ...],
+    checkout: Path,
+    folder: Path,
+    network: bool,
+) -> Confinement:
+    """Setup's sandbox: the environment writable, uv and the package caches.
+
+    ``network``: False for a build of dependency files a step changed.
+    """
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    tools = (str(Path(uv).parent),) if uv else ()
+    bwrap = config.sandbox.mode is SandboxMode.BWRAP
+    caches = {"uv": settings.uv_cache, "npm": settings.npm_cache}
+    for cache in caches.values():
+        cache.mkdir(parents=True, exist_ok=True)
+    inside = {name: f"{CACHE_INSIDE}/{name}" if bwrap else str(c) for name, c in caches.items()}
+    confinement = Confinement(
+        worktree=checkout,
+        env_dir=folder,
+        env_writable=True,
+        network=network,
+        read_only=setup_mounts(tools),
+        writable=tuple((c, inside[name]) for name, c in caches.items()) if bwrap else (),
+        path=tools,
+        variables={
+            "UV_CACHE_DIR": inside["uv"],
+            "UV_NO_PROGRESS": "1",
+            "UV_PYTHON_DOWNLOADS": "never",
+            "npm_config_cache": inside["npm"],
+            **({} if network else {"UV_OFFLINE": "1"}),
+        },
+    )
+    return confine_kinds(confinement, kinds, config.sandbox, setup=True, offline=not network)
+
+
+def setup_mounts(tools: tuple[str, ...]) -> tuple[Path, ...]:
+    """What setup needs bound besides the system: uv's folder and the Python it runs on."""
+    mounts = list(python_mounts(None))
+    for folder in (Path(tool).resolve() for tool in tools):
+        inside = folder.is_relative_to("/usr") or any(folder.is_relative_to(m) for m in mounts)
+        if not inside:
+            mounts.append(folder)
+    return tuple(mounts)
 
 
 def cargo_config(environ: Mapping[str, str] | None = None) -> Path | None:

@@ -26,7 +26,6 @@ import hashlib
 import json
 import re
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,18 +36,17 @@ from pathlib import Path
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
-from merlin_flow.tool_config import SandboxMode
 from merlin_flow.workspace.default_setup import (
-    confine_kinds,
     default_setup,
     interpreter,
     key_material,
     prepare_folders,
     project_kinds,
+    setup_confinement,
 )
 from merlin_flow.workspace.exit_commands import ProjectKind
 from merlin_flow.workspace.git import add_worktree, git, remove_worktree, run_git
-from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
+from merlin_flow.workspace.sandbox import run_confined
 
 FORMAT = 1
 """Bumped when the layout of a built environment changes, so old ones are not reused."""
@@ -81,8 +79,12 @@ OVERLAY_SKIPPED = frozenset(
 )
 """Folders of generated files that are environments or build output, not project files."""
 SETUP_OUTPUT_LINES = 40
-CACHE_INSIDE = "/merlin/cache"
-"""Where setup sees the package caches (``uv``, ``npm``), shared by every build."""
+OFFLINE_HINT = (
+    "\nThis build ran without the network: the step changed the project's dependency "
+    "files, and the packages they name must already be in the caches. To let such "
+    "builds download, set `attempt_network = true` under [environment] in a file you "
+    "pass with --config."
+)
 
 
 @dataclass(frozen=True)
@@ -170,11 +172,16 @@ def ensure_environment(
     commit: str,
     repo_name: str,
     location: str | None = None,
+    trusted: str | None = None,
 ) -> BuiltEnvironment | None:
     """The environment for ``commit``, built now if no worker has built it yet.
 
-    None when the project gets no environment. Raises SetupFailed with the failing
-    command's output when setup fails; nothing of the failed build is kept.
+    ``trusted``: a commit whose dependency files the user wrote (the job's base). A
+    build for other dependency files (a step changed them) runs without the network,
+    from the package caches, unless ``[environment] attempt_network``: the model's own
+    build code (a build hook) must not reach the network or the services beside the
+    worker. None when the project gets no environment. Raises SetupFailed with the
+    failing command's output when setup fails; nothing of the failed build is kept.
     """
     plan = plan_environment(git_dir, commit, config, location)
     if not plan.needed:
@@ -188,7 +195,11 @@ def ensure_environment(
         if (folder / MARKER_FILE).is_file():  # another worker built it while we waited
             return BuiltEnvironment(folder, built=False)
         started = time.monotonic()
-        _build(settings, config, plan, git_dir, commit, folder)
+        changed = trusted is not None and (
+            plan.key != plan_environment(git_dir, trusted, config, location).key
+        )
+        network = not changed or config.environment.attempt_network
+        _build(settings, config, plan, git_dir, commit, folder, network)
         return BuiltEnvironment(folder, built=True, seconds=time.monotonic() - started)
 
 
@@ -199,8 +210,12 @@ def _build(
     git_dir: Path,
     commit: str,
     folder: Path,
+    network: bool = True,
 ) -> None:
-    """Run the setup commands into ``folder``; SetupFailed (and nothing kept) on failure."""
+    """Run the setup commands into ``folder``; SetupFailed (and nothing kept) on failure.
+
+    Without ``network`` the package managers work from their caches only.
+    """
     shutil.rmtree(folder, ignore_errors=True)  # a build a killed worker left unfinished
     folder.mkdir(parents=True)
     checkout = setup_checkouts(settings) / f"{folder.name}-{uuid.uuid4().hex[:8]}"
@@ -209,7 +224,7 @@ def _build(
     try:
         add_worktree(git_dir, checkout, commit)
         prepare_folders(folder, plan.kinds)
-        confinement = _setup_confinement(settings, config, plan.kinds, checkout, folder)
+        confinement = setup_confinement(settings, config, plan.kinds, checkout, folder, network)
         confinement = replace(
             confinement,
             variables={
@@ -231,7 +246,7 @@ def _build(
                     raise SetupFailed(
                         f"environment setup failed: `{command}` exited with code "
                         f"{result.exit_code}{' (timed out)' if result.timed_out else ''}; "
-                        f"setup log: {log_path}\n{tail}"
+                        f"setup log: {log_path}\n{tail}" + ("" if network else OFFLINE_HINT)
                     )
         kept = _keep_generated_files(checkout, folder / OVERLAY_DIR)
         marker = {"key": plan.key, "setup": plan.setup, "commit": commit, "generated": kept}
@@ -289,49 +304,6 @@ def _keep_generated_files(checkout: Path, overlay: Path) -> list[str]:
         shutil.copy2(source, target)
         kept.append(relative)
     return kept
-
-
-def _setup_confinement(
-    settings: Settings,
-    config: MerlinConfig,
-    kinds: tuple[ProjectKind, ...],
-    checkout: Path,
-    folder: Path,
-) -> Confinement:
-    """Setup's sandbox: the network, the environment writable, uv and the package caches."""
-    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
-    tools = (str(Path(uv).parent),) if uv else ()
-    bwrap = config.sandbox.mode is SandboxMode.BWRAP
-    caches = {"uv": settings.uv_cache, "npm": settings.npm_cache}
-    for cache in caches.values():
-        cache.mkdir(parents=True, exist_ok=True)
-    inside = {name: f"{CACHE_INSIDE}/{name}" if bwrap else str(c) for name, c in caches.items()}
-    confinement = Confinement(
-        worktree=checkout,
-        env_dir=folder,
-        env_writable=True,
-        network=True,
-        read_only=_setup_mounts(tools),
-        writable=tuple((c, inside[name]) for name, c in caches.items()) if bwrap else (),
-        path=tools,
-        variables={
-            "UV_CACHE_DIR": inside["uv"],
-            "UV_NO_PROGRESS": "1",
-            "UV_PYTHON_DOWNLOADS": "never",
-            "npm_config_cache": inside["npm"],
-        },
-    )
-    return confine_kinds(confinement, kinds, config.sandbox, setup=True)
-
-
-def _setup_mounts(tools: tuple[str, ...]) -> tuple[Path, ...]:
-    """What setup needs bound besides the system: uv's folder and the Python it runs on."""
-    mounts = list(python_mounts(None))
-    for folder in (Path(tool).resolve() for tool in tools):
-        inside = folder.is_relative_to("/usr") or any(folder.is_relative_to(m) for m in mounts)
-        if not inside:
-            mounts.append(folder)
-    return tuple(mounts)
 
 
 def setup_checkouts(settings: Settings) -> Path:

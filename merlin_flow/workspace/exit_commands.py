@@ -185,10 +185,13 @@ def run_exit_command(
 ) -> CommandResult:
     """Run an exit command in the attempt's worktree, in the sandbox, in its environment.
 
+    A secret's value the user wrote in it is stored as a reference to its variable
+    (``redaction.refer_to_secrets``), filled in here: the command runs as written.
     ``stop`` is asked while it runs: True (its job was cancelled) kills it.
     """
+    from merlin_flow.store.redaction import fill_secrets
     from merlin_flow.workspace.sandbox import run_confined
 
-    argv = split_command(command, config.shell)
+    argv = split_command(fill_secrets(command), config.shell)
     timeout = config.limits.exit_command_timeout
     return run_confined(argv, confinement, config.sandbox, timeout, stop=stop)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from merlin_flow.errors import GitError, RepositoryError
+from merlin_flow.workspace.git_repair import REPAIR_WAIT, is_debris_error, repair
 
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "merlin",
@@ -25,6 +27,8 @@ GIT_IDENTITY = {
 IGNORED_IN_COMMITS = ("__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/")
 
 
+REPAIR_PAUSE = 2.0
+"""Seconds between tries of a git command that failed on debris it could not remove yet."""
 SAFE_GIT_OPTIONS = (
     "-c",
     "core.hooksPath=/dev/null",
@@ -58,8 +62,19 @@ def run_git(
 
 
 def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> str:
-    """Run git in ``cwd`` and return its stdout, stripped; GitError on failure."""
+    """Run git in ``cwd`` and return its stdout, stripped; GitError on failure.
+
+    A failure on the debris of a killed git (a stale lock, a half-made worktree entry)
+    is repaired and the command tried again, for up to ``git_repair.REPAIR_WAIT``.
+    """
     proc = run_git(list(args), cwd, env)
+    deadline = time.monotonic() + REPAIR_WAIT
+    while check and proc.returncode != 0 and is_debris_error(proc.stderr):
+        if not repair(cwd):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(REPAIR_PAUSE)  # a live command's lock, or debris too young to remove
+        proc = run_git(list(args), cwd, env)
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
     return proc.stdout.strip()

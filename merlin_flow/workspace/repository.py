@@ -53,6 +53,7 @@ from merlin_flow.workspace.git import (
     run_git,
     set_ref,
 )
+from merlin_flow.workspace.git_repair import is_debris_error, repair
 
 log = logging.getLogger(__name__)
 
@@ -320,9 +321,15 @@ def _once(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _patiently(args: list[str], cwd: Path, failure: str) -> subprocess.CompletedProcess[str]:
-    """Run ``_once``, again after each of RETRY_DELAYS while the failure is transient."""
+    """Run ``_once``, again after each of RETRY_DELAYS while the failure is transient.
+
+    A failure on a killed git's debris in the cache (``shallow.lock``, a ref's lock) is
+    repaired first (``git_repair``), and tried again at once when something was removed.
+    """
     for delay in (*RETRY_DELAYS, None):
         proc = _once(args, cwd)
+        if proc.returncode != 0 and is_debris_error(proc.stderr) and repair(cwd):
+            proc = _once(args, cwd)
         if not _unreachable(proc):
             return proc
         if delay is None:

@@ -313,3 +313,29 @@ def test_run_quiet_prints_only_the_outcome_line(tmp_path: Path, py_repo: Path) -
     failed = merlin(env, "run", str(failing), "--config", str(config), *job_args)
     assert failed.returncode == 1, failed.stderr
     assert re.fullmatch(r"job \w+ failed: [^\n]+\n", failed.stdout), failed.stdout
+
+
+def test_an_exit_command_runs_as_written_though_its_secret_is_stored_as_a_reference(
+    tmp_path: Path, py_repo: Path
+) -> None:
+    """A secret's value in an exit command: the command sees it, the store never holds it."""
+    secret = "sk-test-exitcommand-0123456789"
+    env = merlin_env(tmp_path / "home", OPENAI_API_KEY=secret)
+    checked = (
+        f"title: Checked with a key\nsteps:\n  - id: fix\n    step_type: Debug\n"
+        f"    description: answer() must return 42\n"
+        f"    exit_command: sh -c 'test \"$0\" = {secret} && python -m pytest -q' {secret}\n"
+    )
+    right = PREMIUM_RIGHT.replace("solve the step afresh", "Step fix")
+    tasklist, config = write_job_files(tmp_path / "job", local=right, tasklist=checked)
+    result = merlin(
+        env, "run", str(tasklist), "--repo", str(py_repo), "--config", str(config), "--json"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    view = json.loads(result.stdout)
+    assert view["status"] == "completed"
+    assert secret not in result.stdout
+    assert "${merlin-secret:OPENAI_API_KEY}" in view["steps"][0]["exit_command"]
+    with sqlite3.connect(tmp_path / "home" / "merlin.db") as db:
+        stored = db.execute("SELECT exit_command FROM steps").fetchone()[0]
+    assert secret not in stored

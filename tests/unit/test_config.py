@@ -201,6 +201,19 @@ def test_a_repositorys_own_merlin_toml_may_not_loosen_the_sandbox(tmp_path: Path
     assert load_config(repo, chosen).sandbox.mode is SandboxMode.NONE
 
 
+def test_a_repositorys_merlin_toml_names_the_paths_allowed_key_formats(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    assert load_config(repo).secrets.allow == []
+    (repo / "merlin.toml").write_text('[secrets]\nallow = ["tests/fixtures/**", "*.pem"]\n')
+    config = load_config(repo)
+    assert config.secrets.allow == ["tests/fixtures/**", "*.pem"]
+    assert MerlinConfig.model_validate(config.model_dump()).secrets == config.secrets  # stored
+    (repo / "merlin.toml").write_text('[secrets]\nallow = ["tests/../keys/**"]\n')
+    with pytest.raises(ConfigError, match=r"secrets\.allow: path glob 'tests/\.\./keys/\*\*'"):
+        load_config(repo)
+
+
 def test_the_planning_tier_is_named_or_the_first() -> None:
     from merlin_flow.config import MerlinConfig
 

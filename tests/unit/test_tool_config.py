@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from merlin_flow.tool_config import PermissionRules, merge_rules, parse_rule
+from merlin_flow.tool_config import (
+    PermissionRules,
+    SecretScan,
+    merge_rules,
+    parse_rule,
+    path_glob,
+)
 from merlin_flow.tools.permissions import Permissions
 
 
@@ -79,6 +86,27 @@ def test_invalid_rules_name_the_rule_and_the_problem(text: str, message: str) ->
 def test_the_config_model_refuses_a_bad_rule() -> None:
     with pytest.raises(ValidationError, match=r"unknown tool 'Shell'"):
         PermissionRules(deny=["Shell(rm:*)"])
+
+
+def test_secret_scan_globs_match_as_path_rules_do_and_bad_ones_are_refused() -> None:
+    fixtures = path_glob("tests/fixtures/**")
+    assert fixtures.matches_path("tests/fixtures/keys/aws.json")
+    assert not fixtures.matches_path("src/tests/fixtures/aws.json")  # anchored: it has a `/`
+    assert not fixtures.matches_path("tests/aws.json")
+    assert path_glob("*.pem").matches_path("deep/in/key.pem")  # no `/`: any folder
+    assert path_glob("tests/fixtures").matches_path("tests/fixtures/a/b.txt")  # the folder
+    for bad, problem in [
+        ("", "empty"),
+        ("  ", "empty"),
+        ("~/keys/**", "outside the repository"),
+        ("a/../b", "`.`, `..` or `//`"),
+    ]:
+        expected = re.escape(f"path glob {bad!r}: ") + ".*" + re.escape(problem)
+        with pytest.raises(ValueError, match=expected):
+            path_glob(bad)
+    assert SecretScan().allow == []
+    with pytest.raises(ValidationError, match=r"allow\n.*path glob 'a//b'"):
+        SecretScan(allow=["ok/**", "a//b"])
 
 
 # -- paths ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -233,3 +234,142 @@ def test_a_refused_reply_is_journaled_as_an_error_with_what_it_cost(
         assert call.completion_tokens == paid.completion_tokens > 0
         assert attempt.cost_usd == pytest.approx(paid.cost_usd)
         assert replayable_calls(session, plan.attempt_id) == []  # never replayed as an answer
+
+
+FAKE_OPENAI = "sk-test-0123456789abcdefSECRET"
+FAKE_AWS = "AKIAIOSFODNN7EXAMPLE"
+LEAKY = f"""\
+rules:
+  - match: 'Never write credentials'
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {{path: app.py, old: "return 41", new: "return 42"}}
+  - turn: 0
+    reply:
+      tool_calls:
+        - name: write_file
+          arguments: {{path: notes.txt, content: "notes\\n\\nkey {FAKE_OPENAI}\\n"}}
+        - name: write_file
+          arguments: {{path: src/config.py, content: "REGION = 'eu'\\nAWS_ID = '{FAKE_AWS}'\\n"}}
+        - name: edit_file
+          arguments: {{path: app.py, old: "return 41", new: "return 42"}}
+  - reply: {{content: done}}
+"""
+FIXTURE = f"""\
+rules:
+  - turn: 0
+    reply:
+      tool_calls:
+        - name: write_file
+          arguments: {{path: tests/fixtures/aws.json, content: "{{\\"id\\": \\"{FAKE_AWS}\\"}}\\n"}}
+        - name: edit_file
+          arguments: {{path: app.py, old: "return 41", new: "return 42"}}
+  - reply: {{content: done}}
+"""
+
+
+def _secret_job(
+    db: Database, settings: Settings, repo: Path, tmp_path: Path, script: str, allow: list[str]
+) -> str:
+    from merlin_flow.tool_config import SecretScan
+
+    (tmp_path / "leaky.yaml").write_text(script)
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model=f"scripted/{tmp_path / 'leaky.yaml'}")],
+        limits=Limits(fix_attempts=1),
+        exit_commands={"Debug": "true"},
+        secrets=SecretScan(allow=allow),
+    )
+    return create_job(db, settings, parse_tasklist(ONE_STEP), repo, config)
+
+
+def _everything_git_holds(repo: Path) -> str:
+    from tests.conftest import git
+
+    refs = git(repo, "for-each-ref", "--format=%(refname)").splitlines()
+    assert any(ref.startswith("refs/merlin/") for ref in refs)  # attempt refs are read too
+    assert any(ref.startswith("refs/heads/merlin/") for ref in refs)  # and the job branch
+    return git(repo, "log", "-p", "--all", "--full-history")
+
+
+@pytest.fixture
+def worker_secret(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    from merlin_flow.store.redaction import reset_redactor
+
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_OPENAI)
+    reset_redactor()
+    yield FAKE_OPENAI
+    monkeypatch.delenv("OPENAI_API_KEY")
+    reset_redactor()
+
+
+def test_an_attempt_that_writes_secrets_commits_none_of_its_changes_and_is_fixed(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path, worker_secret: str
+) -> None:
+    from merlin_flow.engine.finalize import finalize_job
+    from merlin_flow.store import Attempt, Event
+    from merlin_flow.store.events import EventKind
+    from merlin_flow.workspace.git import same_tree
+    from merlin_flow.workspace.secret_scan import NEVER_WRITE
+
+    job_id = _secret_job(db, settings, py_repo, tmp_path, LEAKY, [])
+    assert execute_step(db, settings, job_id, "s0", "w:1") is Outcome.CONTINUE
+    with db.reader() as session:
+        first = session.scalars(select(Attempt)).one()
+        events = session.scalars(
+            select(Event).where(Event.kind == EventKind.SECRET_IN_DIFF).order_by(Event.id)
+        ).all()
+        assert (first.status, first.failure_kind) == ("error", "capability")
+        error, commit, start = first.error or "", first.commit, first.start_commit
+        assert [(e.message, e.data, e.step_key) for e in events] == [
+            ("notes.txt:3: the value of OPENAI_API_KEY", {"attempt": 1}, "s0"),
+            ("src/config.py:2: an AWS Access Key", {"attempt": 1}, "s0"),
+        ]
+    assert "notes.txt:3: the value of OPENAI_API_KEY\n  src/config.py:2: an AWS" in error
+    assert NEVER_WRITE in error
+    assert commit is not None
+    assert same_tree(py_repo, commit, start)  # an empty commit: nothing of the attempt
+    # The step goes on by the usual rules: a fix, told why, from a tree without the secrets.
+    assert verify_step(db, settings, job_id, "s0", "w:2")[0] is Outcome.RETRY
+    execute_step(db, settings, job_id, "s0", "w:3")
+    verify_step(db, settings, job_id, "s0", "w:4")
+    finalize_job(db, settings, job_id)
+    view = job_view(db, job_id)
+    attempts = view["steps"][0]["attempts"]
+    assert [(a["kind"], a["status"]) for a in attempts] == [("execute", "error"), ("fix", "passed")]
+    with db.reader() as session:
+        fix = session.scalars(select(Attempt).where(Attempt.number == 2)).one()
+        assert "src/config.py:2: an AWS Access Key" in (fix.feedback or "")
+    history = _everything_git_holds(py_repo)
+    assert "return 42" in history  # the fix's change is there
+    patch = Path(view["patch"] or "").read_text()
+    assert "return 42" in patch
+    for secret in (FAKE_OPENAI, FAKE_AWS):
+        assert secret not in history
+        assert secret not in patch
+        assert secret not in error
+
+
+def test_a_key_format_in_an_allowed_path_is_committed(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.store import Attempt, Event
+    from merlin_flow.store.events import EventKind
+    from tests.conftest import git
+
+    job_id = _secret_job(db, settings, py_repo, tmp_path, FIXTURE, ["tests/fixtures/**"])
+    execute_step(db, settings, job_id, "s0", "w:1")
+    with db.reader() as session:
+        attempt = session.scalars(select(Attempt)).one()
+        assert (attempt.status, attempt.error) == ("committed", None)
+        refusals = select(Event).where(Event.kind == EventKind.SECRET_IN_DIFF)
+        assert session.scalars(refusals).all() == []
+    assert FAKE_AWS in git(py_repo, "show", f"{attempt.commit}:tests/fixtures/aws.json")
+    # The same change without the allowlist fails.
+    other = _secret_job(db, settings, py_repo, tmp_path, FIXTURE, [])
+    execute_step(db, settings, other, "s0", "w:2")
+    refused = job_view(db, other)["steps"][0]["attempts"][0]
+    assert refused["status"] == "error"
+    assert "tests/fixtures/aws.json:1: an AWS Access Key" in (refused["error"] or "")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +94,54 @@ def test_approval_makes_the_branch_and_the_steps(
     assert job_view(db, made.job_id)["branch"] == job.branch  # it exists now
     with pytest.raises(InputError, match="only a job awaiting approval can be approved"):
         approve_job(db, settings, made.job_id, "ada")
+
+
+@contextlib.contextmanager
+def _cut_once() -> Iterator[list[str]]:
+    """The first flush of any session loses its connection (a database outage)."""
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    cut: list[str] = []
+
+    def cut_once(session: Session, _context: object) -> None:
+        if not cut:
+            cut.append("cut")
+            raise OperationalError("UPDATE", {}, Exception("server closed the connection"))
+
+    event.listen(Session, "after_flush", cut_once)
+    try:
+        yield cut
+    finally:
+        event.remove(Session, "after_flush", cut_once)
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_a_decision_rides_out_a_database_outage_as_submit_does(
+    db: Database,
+    settings: Settings,
+    repo: Path,
+    decision: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from merlin_flow.store import database
+
+    made = submit_request(db, settings, REQUEST, str(repo))
+    monkeypatch.setattr(database, "OPEN_RETRY_DELAYS", (0.0, 0.0, 0.0))
+    with _cut_once() as cut:
+        if decision == "approve":
+            approve_job(db, settings, made.job_id, "ada")
+        else:
+            reject_job(db, made.job_id, "ada")
+    assert cut == ["cut"]  # the first try was cut; the second landed
+    job = _job(db, made.job_id)
+    expected = JobStatus.PENDING if decision == "approve" else JobStatus.REJECTED
+    assert job.status == expected
+    assert job.plan is not None
+    assert job.plan[f"{decision.removesuffix('e')}ed_by"] == "ada"
+    branch = git(repo, "branch", "--list", job.branch).strip("* ")
+    assert branch == (job.branch if decision == "approve" else "")
 
 
 def test_an_edited_plan_replaces_the_planned_one(

@@ -14,6 +14,8 @@ from merlin_flow.store.redaction import (
     REDACTED,
     Redactor,
     current_redactor,
+    fill_secrets,
+    refer_to_secrets,
     reset_redactor,
     secret_values,
 )
@@ -337,3 +339,25 @@ def test_store_leaves_other_text_alone(db: Database, monkeypatch: pytest.MonkeyP
 def test_a_user_name_alone_is_not_a_secret_outside_http() -> None:
     env = {"MERLIN_TEST_POSTGRES_URL": "postgresql://postgres@127.0.0.1:5432/test"}
     assert secret_values(env) == []
+
+
+# an exit command the user wrote with a secret in it
+
+
+def test_a_secret_in_a_command_is_stored_as_a_reference_and_filled_in_to_run() -> None:
+    env = {"OPENAI_API_KEY": API_KEY, "SHORT_TOKEN": "abc", "HOME": "/home/u"}
+    command = f"sh -c 'test \"$0\" = {API_KEY}' {API_KEY}"
+    stored = refer_to_secrets(command, env)
+    assert API_KEY not in stored
+    assert stored == (
+        "sh -c 'test \"$0\" = ${merlin-secret:OPENAI_API_KEY}' ${merlin-secret:OPENAI_API_KEY}"
+    )
+    assert fill_secrets(stored, env) == command
+    assert refer_to_secrets("python -m pytest -q", env) == "python -m pytest -q"
+
+
+def test_a_worker_without_the_secret_says_which_variable_it_lacks() -> None:
+    from merlin_flow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\$OPENAI_API_KEY .* has no OPENAI_API_KEY"):
+        fill_secrets("check ${merlin-secret:OPENAI_API_KEY}", {"HOME": "/"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from pathlib import Path
 
@@ -195,3 +196,49 @@ def test_setup_sees_the_project_at_workspace_and_steps_see_their_own_worktree(
     box = confine(worktree, env, cfg)
     result = run_confined(["/bin/sh", "-c", "cat $MERLIN_ENV/code/marker"], box, cfg.sandbox, 10)
     assert result.output_tail == "the attempt's code\n"
+
+
+def test_a_build_for_dependency_files_a_step_changed_gets_no_network(
+    src_repo: Path, settings: Settings, needs_bwrap: None
+) -> None:
+    """A build hook a step added reaches nothing, unless a --config file allows it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(5)
+    port = listener.getsockname()[1]
+    reach = (
+        f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 3)\" "
+        '&& touch "$MERLIN_ENV/reached"'
+    )
+    cfg = config(setup=[reach])
+    base = head(src_repo)
+    built = ensure_environment(settings, cfg, src_repo, base, "repo", trusted=base)
+    assert built is not None
+    assert (built.path / "reached").is_file()  # the user's own dependency files: network
+    listener.accept()[0].close()
+
+    hooked = commit(src_repo, {"pyproject.toml": HATCH_PROJECT + "\n# a build hook\n"})
+    with pytest.raises(SetupFailed) as refused:
+        ensure_environment(settings, cfg, src_repo, hooked, "repo", trusted=base)
+    assert "ran without the network" in str(refused.value)
+    assert "attempt_network = true" in str(refused.value)
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nothing came
+
+    allowed = config(setup=[reach])
+    allowed.environment.attempt_network = True
+    again = ensure_environment(settings, allowed, src_repo, hooked, "repo", trusted=base)
+    assert again is not None
+    assert (again.path / "reached").is_file()
+    listener.close()
+
+
+def test_a_repositorys_own_config_cannot_give_such_builds_the_network(tmp_path: Path) -> None:
+    from merlin_flow.config import load_config
+    from merlin_flow.errors import ConfigError
+
+    repo = make_repo(tmp_path / "repo", {"merlin.toml": "[environment]\nattempt_network = true\n"})
+    with pytest.raises(ConfigError, match=r"\[environment\] attempt_network"):
+        load_config(repo)
+    own = tmp_path / "mine.toml"
+    own.write_text("[environment]\nattempt_network = true\n")
+    assert load_config(repo, own).environment.attempt_network
