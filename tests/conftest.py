@@ -26,6 +26,17 @@ def git(repo: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def require_bwrap() -> None:
+    """Skip the calling test without a working bubblewrap here; in CI, fail it."""
+    from merlin_flow.workspace.sandbox import sandbox_problem
+
+    problem = sandbox_problem()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"bubblewrap is required in CI: {problem}")
+        pytest.skip(problem)
+
+
 def make_repo(path: Path, files: dict[str, str]) -> Path:
     """Create a git repository at ``path`` with ``files`` committed on branch main."""
     path.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from merlin_flow.failures import AttemptKind, Failure, FailureKind
 from merlin_flow.store.status import AttemptStatus
+from merlin_flow.workspace.secret_scan import SECRETS_REFUSED
 
 if TYPE_CHECKING:
     from merlin_flow.store import Attempt, Step
@@ -133,6 +134,8 @@ def feedback_for(kind: AttemptKind, attempts: list[Attempt]) -> str | None:
         return None
     if kind is AttemptKind.FIX:
         text = _describe(failed[-1], FEEDBACK_CHARS)
+        if (failed[-1].error or "").startswith(SECRETS_REFUSED):  # its changes were dropped
+            return text + "\nThe working tree is back where that attempt began: do it again."
         return text + "\nYour earlier changes are in the working tree: repair them."
     if kind is AttemptKind.INTEGRATE:
         return _describe(failed[-1], FEEDBACK_CHARS) + INTEGRATE_GUIDANCE

@@ -178,12 +178,16 @@ def added_lines(patch: bytes) -> Iterator[tuple[str, int, bytes]]:
             number += 1
 
 
+SECRETS_REFUSED = "the attempt wrote secrets into files, so none of its changes were committed"
+"""How the error of an attempt whose changes were discarded for secrets begins."""
+
+
 def secret_error(hits: Sequence[SecretHit]) -> str:
     """The attempt's error: where the secrets were, that nothing was kept, and the rule."""
     where = "".join(f"\n  {line}" for line in hit_lines(hits))
     return (
-        f"the attempt wrote secrets into files, so none of its changes were committed "
-        f"(the working tree went back to where the attempt started):{where}\n{NEVER_WRITE}"
+        f"{SECRETS_REFUSED} (the working tree went back to where the attempt started):"
+        f"{where}\n{NEVER_WRITE}"
     )
 
 

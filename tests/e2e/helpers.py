@@ -117,6 +117,15 @@ def write_job_files(
     return tasklist_file, config
 
 
+def one_step(path: Path, step: str, description: str, step_type: str = "Feature") -> Path:
+    """Write a TaskList of one step of ``step_type`` (its default exit command) to ``path``."""
+    path.write_text(
+        f"title: {description}\nsteps:\n  - id: {step}\n    step_type: {step_type}\n"
+        f"    description: {description}\n"
+    )
+    return path
+
+
 def merlin_env(home: Path, **extra: str) -> dict[str, str]:
     """Environment for merlin subprocesses using ``home`` as MERLIN_HOME."""
     base = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import git, make_repo
-from tests.e2e.helpers import merlin, merlin_env, write_job_files
+from tests.e2e.helpers import merlin, merlin_env, one_step, write_job_files
 
 pytestmark = pytest.mark.e2e
 
@@ -84,15 +84,6 @@ rules:
   - match: 'Step break \\('
     reply: {content: "simplified shout()"}
 """
-
-
-def one_step(path: Path, step: str, description: str) -> Path:
-    """Write a TaskList of one Feature step to ``path``."""
-    path.write_text(
-        f"title: {description}\nsteps:\n  - id: {step}\n    step_type: Feature\n"
-        f"    description: {description}\n"
-    )
-    return path
 
 
 def test_default_setup_editable_install_tests_the_attempts_code(tmp_path: Path) -> None:

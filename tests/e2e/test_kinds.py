@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from tests.conftest import git, make_repo
-from tests.e2e.helpers import merlin, merlin_env, write_job_files
+from tests.e2e.helpers import merlin, merlin_env, one_step, write_job_files
 from tests.go_proxy import NoModuleSource, go_proxy
 
 pytestmark = pytest.mark.e2e
@@ -180,15 +180,6 @@ def script(kind: Kind) -> str:
     return yaml.safe_dump({"rules": rules}, sort_keys=False)
 
 
-def one_step(path: Path, step: str, description: str) -> Path:
-    """Write a TaskList of one Test step (the kind's test suite verifies it) to ``path``."""
-    path.write_text(
-        f"title: {description}\nsteps:\n  - id: {step}\n    step_type: Test\n"
-        f"    description: {description}\n"
-    )
-    return path
-
-
 def unavailable(reason: str) -> NoReturn:
     """Skip the test here; in CI (where .ci/run installs everything), fail it."""
     if os.environ.get("CI"):
@@ -293,7 +284,7 @@ def test_a_kind_passes_an_honest_step_and_fails_a_breaking_one(kind: Kind, tmp_p
         local = script(kind)
         _, config = write_job_files(tmp_path / "job", local=local, premium=local)
 
-        good = run_job(env, one_step(tmp_path / "good.yaml", "grow", GROW), repo, config)
+        good = run_job(env, one_step(tmp_path / "good.yaml", "grow", GROW, "Test"), repo, config)
         assert good.code == 0, good.output
         assert good.view["status"] == "completed", good.output
         first_logs = merlin(env, "logs", good.view["id"], "--step", "grow").stdout
@@ -304,7 +295,7 @@ def test_a_kind_passes_an_honest_step_and_fails_a_breaking_one(kind: Kind, tmp_p
         for pattern in kind.built:
             assert list(folder.glob(pattern)), f"no {pattern} in {folder}"
 
-        bad = run_job(env, one_step(tmp_path / "bad.yaml", "break", BREAK), repo, config)
+        bad = run_job(env, one_step(tmp_path / "bad.yaml", "break", BREAK, "Test"), repo, config)
         timing = (
             f"{kind.name}: first job {good.seconds:.1f} s ({built}), second job {bad.seconds:.1f} s"
         )

@@ -65,6 +65,17 @@ def test_fix_gets_only_the_last_failure() -> None:
     assert text.endswith("repair them.")
 
 
+def test_a_fix_after_secrets_were_refused_is_not_told_its_changes_are_there() -> None:
+    from merlin_flow.workspace.secret_scan import SecretHit, secret_error
+
+    refused = secret_error([SecretHit("notes.txt", 3, "the value of OPENAI_API_KEY")])
+    text = feedback_for(F, [attempt(1, E, error=refused, exit_code=None)])
+    assert text is not None
+    assert "notes.txt:3: the value of OPENAI_API_KEY" in text
+    assert "repair them" not in text
+    assert text.endswith("back where that attempt began: do it again.")
+
+
 def test_fix_feedback_keeps_the_tail_of_long_output() -> None:
     output = "HEAD" + "x" * (FEEDBACK_CHARS * 2) + "TAIL"
     text = feedback_for(F, [attempt(1, E, output_tail=output)])

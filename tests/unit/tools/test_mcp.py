@@ -7,7 +7,6 @@ the tests that only call tools share one open set.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -27,7 +26,8 @@ from merlin_flow.tools.mcp import (
     server_argv,
     tool_name,
 )
-from merlin_flow.workspace.sandbox import Confinement, python_mounts, sandbox_problem
+from merlin_flow.workspace.sandbox import Confinement, python_mounts
+from tests.conftest import require_bwrap
 
 SERVER = Path(__file__).resolve().parents[2] / "mcp_server.py"
 SECRET = "MERLIN_TEST_SECRET_TOKEN"
@@ -36,11 +36,7 @@ BWRAP = Sandbox()
 
 @pytest.fixture(autouse=True, scope="module")
 def _needs_bwrap() -> None:
-    problem = sandbox_problem()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"bubblewrap is required in CI: {problem}")
-        pytest.skip(problem)
+    require_bwrap()
 
 
 def confine(worktree: Path) -> Confinement:

@@ -19,8 +19,8 @@ from merlin_flow.workspace.environment import (
     plan_environment,
 )
 from merlin_flow.workspace.exit_commands import ProjectKind
-from merlin_flow.workspace.sandbox import run_confined, sandbox_problem
-from tests.conftest import git, make_repo
+from merlin_flow.workspace.sandbox import run_confined
+from tests.conftest import git, make_repo, require_bwrap
 
 HATCH_PROJECT = """\
 [build-system]
@@ -74,9 +74,7 @@ def src_repo(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def needs_bwrap() -> None:
-    problem = sandbox_problem()
-    if problem:
-        pytest.skip(problem)
+    require_bwrap()
 
 
 def test_default_python_setup_installs_the_project_editable_with_test_extras(

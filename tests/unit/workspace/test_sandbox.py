@@ -33,6 +33,7 @@ from merlin_flow.workspace.sandbox import (
     sandbox_problem,
     unenforceable,
 )
+from tests.conftest import require_bwrap
 
 SECRET = "sk-sandbox-test-0123456789abcdef"
 BWRAP = Sandbox()
@@ -40,11 +41,7 @@ BWRAP = Sandbox()
 
 @pytest.fixture(autouse=True)
 def _needs_bwrap() -> None:
-    problem = sandbox_problem()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"bubblewrap is required in CI: {problem}")
-        pytest.skip(problem)
+    require_bwrap()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ test puts them there. The last tests run real programs in the real sandbox.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 from merlin_flow.tool_config import Sandbox
 from merlin_flow.workspace.exit_commands import ProjectKind
-from merlin_flow.workspace.sandbox import Confinement, run_confined, sandbox_problem
+from merlin_flow.workspace.sandbox import Confinement, run_confined
 from merlin_flow.workspace.toolchains import (
     PROGRAMS,
     VERSION_COMMANDS,
@@ -23,6 +22,7 @@ from merlin_flow.workspace.toolchains import (
     find_toolchain,
     toolchain_mounts,
 )
+from tests.conftest import require_bwrap
 
 RUST, NODE, GO = ProjectKind.RUST, ProjectKind.NODE, ProjectKind.GO
 
@@ -296,11 +296,7 @@ def test_mounts_are_merged_without_duplicates(tmp_path: Path) -> None:
 
 @pytest.fixture
 def sandbox() -> Sandbox:
-    problem = sandbox_problem()
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(f"bubblewrap is required in CI: {problem}")
-        pytest.skip(problem)
+    require_bwrap()
     return Sandbox()
 
 
