@@ -22,6 +22,12 @@ own ``MERLIN_HOME`` and working directory and runs an ``llm,control`` worker and
 per job, ``file://``), and each submits its share of the jobs. A kill picks a random
 machine, then one of its workers, and restarts it there.
 
+A kill comes only once the campaign is in the steady state its bound is promised for:
+every live worker has logged that it is ready, the last of them a lost message's grace
+ago (``recovery.grace``: a sweeper that has just begun watching the broker cannot yet
+tell a message delivered to a dead worker from one a live worker is about to claim).
+A kill whose time has come waits for that; on a loaded machine kills are further apart.
+
 It stops by itself: when every job has finished, or after ``max_minutes``. Then it gives
 the workers a few sweep intervals to remove what is left of worktrees, stops them,
 counts the commands left, and the checks of ``tests.chaos.invariants`` read the
@@ -206,6 +212,9 @@ class Worker:
     process: subprocess.Popen[bytes]
     machine: Machine
     queues: str
+    log: Path
+    ready_at: float | None = None
+    """When its log first said it was ready (``time.monotonic``)."""
 
 
 @dataclass
@@ -330,7 +339,7 @@ class Campaign:
             log = log.with_name(f"{machine.name}-{queues.replace(',', '-')}-{log.name}")
         process = start_worker(machine.env, log, *options, cwd=machine.cwd)
         self.started_workers += 1
-        worker = Worker(process, machine, queues)
+        worker = Worker(process, machine, queues, log)
         self.workers.append(worker)
         return worker
 
@@ -379,6 +388,20 @@ class Campaign:
         with self.db.reader() as session:
             done = session.scalar(select(func.count()).where(Job.finished_at.is_not(None)))
         return int(self.args.jobs) - int(done or 0)
+
+    def settled(self) -> bool:
+        """Whether every live worker is ready, the last of them a message's grace ago."""
+        from merlin_flow.engine.recovery import MIN_GRACE_SECONDS
+
+        now = time.monotonic()
+        for worker in self.workers:
+            if worker.ready_at is None and "ready." in worker.log.read_text(errors="replace"):
+                worker.ready_at = now
+        ready = [w.ready_at for w in self.workers if w.process.poll() is None]
+        if not ready or None in ready:
+            return False
+        grace = max(MIN_GRACE_SECONDS, self.args.sweep)
+        return now - max(r for r in ready if r is not None) >= grace
 
     def kill_one(self) -> None:
         """SIGKILL a random live worker's process group and start a replacement.
@@ -458,7 +481,8 @@ class Campaign:
                     finished = self.finished = True
                     break
                 kills = len(self.tally.kills)
-                if time.monotonic() >= next_kill and kills < self.args.max_kills:
+                due = time.monotonic() >= next_kill and kills < self.args.max_kills
+                if due and self.settled():
                     self.kill_one()
                     next_kill = time.monotonic() + self.random.uniform(low, high)
                     if self.args.outage_every and (kills + 1) % self.args.outage_every == 0:

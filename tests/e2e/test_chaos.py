@@ -1,10 +1,11 @@
 """A small chaos campaign (``python -m tests.chaos``) in CI: real workers killed at random.
 
-Six jobs of two steps on two `merlin worker --concurrency 2` processes, on the embedded
+Eight jobs of two steps on two `merlin worker --concurrency 2` processes, on the embedded
 SQLite store and broker, while three workers in turn are SIGKILLed (their whole process
-group) and replaced; then every invariant of ``tests.chaos.invariants`` holds, no
-command outlived its worker, no worktree is left, and no step a kill stalled sat longer
-than a lease before its lease moved.
+group) and replaced, each kill once the workers are settled (``Campaign.settled``);
+then every invariant of ``tests.chaos.invariants`` holds, no command outlived its
+worker, no worktree is left, and no step a kill stalled sat longer than a lease before
+its lease moved.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ pytestmark = pytest.mark.e2e
 
 def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
     args = parse(
-        ["--jobs", "6", "--steps", "2", "--workers", "2", "--backend", "sqlite",
-         "--kill-every", "2", "4", "--max-kills", "3", "--seed", "7", "--max-minutes", "3"]
+        ["--jobs", "8", "--steps", "2", "--workers", "2", "--backend", "sqlite",
+         "--kill-every", "1", "2", "--max-kills", "3", "--seed", "7", "--max-minutes", "3"]
     )  # fmt: skip
     with backend("sqlite", tmp_path) as target:
         campaign = Campaign(tmp_path, args, target)
@@ -37,7 +38,7 @@ def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
     assert len(campaign.tally.kills) == 3
     assert campaign.tally.submit_failures == []
     assert found.violations == [], campaign.log_tail()
-    assert (found.jobs, found.completed) == (6, 6)
+    assert (found.jobs, found.completed) == (8, 8)
     assert found.worktrees_left == 0
     assert (campaign.tally.orphans, campaign.tally.orphans_at_end) == ([], [])
     assert result.over == [], (result.idle_step, result.unswept)
