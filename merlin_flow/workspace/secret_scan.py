@@ -24,9 +24,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from detect_secrets.core.scan import scan_line
-from detect_secrets.settings import transient_settings
-
 from merlin_flow.errors import GitError
 from merlin_flow.store.redaction import REDACTED, secret_values, url_credentials
 from merlin_flow.tool_config import is_secret_name, path_glob
@@ -242,6 +239,11 @@ def _formats_in(lines: list[tuple[int, str, int, str]]) -> list[tuple[int, Secre
     """Key formats in ``lines`` (index, path, number, text), by detect-secrets' plugins."""
     if not lines:
         return []
+    # Imported here: 47 ms that `merlin status` (which reads this module's constants
+    # through engine.feedback) must not pay.
+    from detect_secrets.core.scan import scan_line
+    from detect_secrets.settings import transient_settings
+
     hits: list[tuple[int, SecretHit]] = []
     settings = {
         "plugins_used": [{"name": name} for name in FORMAT_DETECTORS],
