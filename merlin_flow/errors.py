@@ -16,6 +16,7 @@ The tree is shallow and split by who must act::
     ├── GitError                 a git command failed unexpectedly
     │   └── RemoteUnavailable    a job's git remote cannot be reached (retried later)
     ├── SetupFailed              the project's environment could not be built (job fails)
+    ├── DiskFull                 no space left under MERLIN_HOME: the step waits for space
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
     │   ├── AgentError           the agent could not finish (turn limit, model error)
     │   │   ├── ModelUnreachable the tier's model cannot be used (no key, no server)
@@ -98,6 +99,10 @@ class RemoteUnavailable(GitError):
 
 class SetupFailed(MerlinError):
     """The project's environment (`[environment] setup`) failed to build; the job fails."""
+
+
+class DiskFull(MerlinError):
+    """The disk under MERLIN_HOME is full: the step is parked until space returns."""
 
 
 class StepFailure(MerlinError):

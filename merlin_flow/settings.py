@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     """Seconds between recovery sweeps in each worker."""
     handoff_seconds: float = Field(default=300.0, gt=0)
     """How long a queued step may wait for a worker before the sweep enqueues it again."""
+    min_free_mb: float = Field(default=50.0, ge=0)
+    """MERLIN_MIN_FREE_MB: free space under MERLIN_HOME below which a step does not start
+    (its job is parked, waiting for space) and at which a job parked for space resumes."""
     uv_cache_dir: Path | None = None
     """MERLIN_UV_CACHE_DIR: uv's package cache for environment setup; default
     $MERLIN_HOME/cache/uv (shared by setups only, never mounted into a step)."""

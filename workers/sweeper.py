@@ -5,7 +5,8 @@ and reads which step messages the broker holds (``broker_messages``), so that th
 notices a queued step whose message was lost within seconds (``merlin_flow.engine.recovery``).
 Each sweep also removes what this machine's workers left in its ``MERLIN_HOME`` for
 jobs that have ended (``merlin_flow.workspace.worktree_cleanup``), whichever machine ended them,
-and the checkouts of environment builds whose worker was killed.
+and the checkouts of environment builds whose worker was killed. Jobs parked for want
+of space (``merlin_flow.engine.machinery``) are resumed once there is space again.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from typing import Any
 
 from sqlalchemy import create_engine, inspect, text
 
+from merlin_flow.engine.machinery import space_is_back, waiting_for_space
 from merlin_flow.engine.presence import beat, leave
 from merlin_flow.engine.recovery import Messages, grace, sweep
+from merlin_flow.errors import InputError
+from merlin_flow.jobs.control import resume_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, utcnow
 from merlin_flow.workspace.worktree_cleanup import clear_ended, clear_setups
@@ -139,6 +143,10 @@ def run_sweep(db: Database, settings: Settings, watched_since: datetime | None =
         log.warning("recovery sweep re-enqueued jobs %s", ", ".join(recovered))
     purge_delivered_messages(settings)
     try:
+        resume_waiting_for_space(db, settings)
+    except Exception:
+        log.warning("the jobs parked for space could not be looked at", exc_info=True)
+    try:
         clear_ended(db, settings)
     except Exception:
         log.warning("the worktrees of ended jobs could not be looked at", exc_info=True)
@@ -147,6 +155,29 @@ def run_sweep(db: Database, settings: Settings, watched_since: datetime | None =
     except Exception:
         log.warning("the setup checkouts could not be looked at", exc_info=True)
     return recovered
+
+
+def resume_waiting_for_space(db: Database, settings: Settings) -> list[str]:
+    """Resume (and enqueue) the jobs parked for want of space, once there is space here.
+
+    Every sweeper may try: the first takes the job (``resume_job`` locks it), the others
+    find it no longer parked.
+    """
+    waiting = waiting_for_space(db)
+    if not waiting or not space_is_back(settings):
+        return []
+    resumed = []
+    for job_id in waiting:
+        try:
+            resume_job(db, settings, job_id, check_tiers=False)
+        except InputError as exc:  # resumed by another sweeper, or its branch moved
+            log.info("job %s not resumed: %s", job_id, exc)
+            continue
+        enqueue_job(db, job_id)
+        resumed.append(job_id)
+    if resumed:
+        log.warning("space is back: resumed jobs %s", ", ".join(resumed))
+    return resumed
 
 
 RETRY_SECONDS = 0.5

@@ -34,14 +34,22 @@ from typing import Any, NoReturn
 from celery import chain, shared_task, signature
 from celery.exceptions import Ignore
 from kombu.exceptions import OperationalError as BrokerError
-from sqlalchemy.exc import DBAPIError
 
 from merlin_flow.engine.attempt import execute_step
 from merlin_flow.engine.dispatch import Dispatch, Outcome, TaskName
-from merlin_flow.engine.finalize import fail_job, finalize_job
+from merlin_flow.engine.finalize import finalize_job
 from merlin_flow.engine.leases import new_token
+from merlin_flow.engine.machinery import (
+    PAUSES,
+    TRIES,
+    Trouble,
+    classify,
+    hand_over,
+    park_job,
+    repair_for,
+    require_space,
+)
 from merlin_flow.engine.verdict import verify_step
-from merlin_flow.errors import RemoteUnavailable
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import (
     Database,
@@ -77,25 +85,53 @@ def runtime() -> tuple[Database, Settings]:
 
 
 def _guard(job_id: str, step_key: str, work: Any) -> Any:
-    """Run ``work(db, settings, token)`` and turn unexpected errors into a decision.
+    """Run ``work(db, settings, token)``; an error of merlin's own machinery never ends the job.
 
-    A database error is taken as passing (a failover, a lock timeout), and so is a git
-    remote that does not answer: the task fails, our lease expires and the recovery sweep
-    runs the step again. Any other error fails the job, if this task still holds the
-    step, and raises Ignore; a task that lost the step just stops (Ignore too).
+    Each error is classified (``engine.machinery``): a transient or repairable one is
+    tried again after a pause (repaired first, the lease handed to the new try), up to
+    ``TRIES``; a full disk, a bug, or a repairable error past its tries parks the job and
+    raises Ignore. A transient error past its tries is raised: the task fails, the lease
+    expires and the recovery sweep runs the step again (parking needs the database).
     """
     db, settings = runtime()
     token = new_token()
+    for tries in range(1, TRIES + 1):
+        try:
+            require_space(settings)
+            return work(db, settings, token)
+        except Exception as exc:
+            trouble = classify(exc, transient=(BrokerError,))
+            log.warning(
+                "job %s: step %s: %s error (try %d of %d): %s: %s",
+                job_id, step_key, trouble, tries, TRIES, type(exc).__name__, exc,
+                exc_info=trouble is Trouble.INTERNAL,
+            )  # fmt: skip
+            last = tries == TRIES or trouble in (Trouble.NO_SPACE, Trouble.INTERNAL)
+            if last and trouble is Trouble.TRANSIENT:
+                raise
+            if last:
+                reason = f"{type(exc).__name__}: {exc}"
+                park_job(db, settings, job_id, step_key, token, trouble, reason, tries)
+                raise Ignore() from None
+            token = _next_try(db, settings, job_id, step_key, token, trouble, tries, str(exc))
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def _next_try(
+    db: Database, settings: Settings, job_id: str, step_key: str, token: str,
+    trouble: Trouble, tries: int, error: str,
+) -> str:  # fmt: skip
+    """Pause, repair what a repairable ``error`` left, and hand the lease to a new token."""
+    time.sleep(PAUSES[tries - 1])
+    new = new_token()
     try:
-        return work(db, settings, token)
-    except (DBAPIError, RemoteUnavailable):
-        log.exception("job %s: database or git remote unreachable; recovered later", job_id)
-        raise
-    except Exception as exc:
-        log.exception("job %s: task failed unexpectedly", job_id)
-        reason = f"internal error: {type(exc).__name__}: {exc}"
-        fail_job(db, settings, job_id, step_key, token, reason)
-        raise Ignore() from None
+        if trouble is Trouble.REPAIRABLE:
+            repaired = repair_for(db, settings, job_id, token, error)
+            log.info("job %s: repaired before the next try: %s", job_id, repaired or "nothing")
+        hand_over(db, job_id, step_key, token, new)
+    except Exception as exc:  # the next try meets the same fault, and is classified again
+        log.warning("job %s: repair before the next try failed: %s", job_id, exc)
+    return new
 
 
 def _run(job_id: str, step_key: str, work: Any) -> Outcome:

@@ -45,6 +45,8 @@ STATUS_STYLE: dict[str, str] = {
     JobStatus.PLANNING: "yellow",
     JobStatus.AWAITING_APPROVAL: "cyan",
     JobStatus.REJECTED: "magenta",
+    StepStatus.PARKED: "cyan",
+    JobStatus.PARKED: "cyan",
 }
 FAILED = (AttemptStatus.FAILED, AttemptStatus.ERROR)
 ATTEMPT_MARK: dict[str, str] = {
@@ -62,6 +64,7 @@ STATUS_ICON: dict[str, str] = {
     StepStatus.IN_PROGRESS: "⟳",
     StepStatus.PENDING: "○",
     StepStatus.SKIPPED: "⤼",
+    StepStatus.PARKED: "⏸",
 }
 RECENT_EVENTS = 6
 FAILURE_LINES = 8

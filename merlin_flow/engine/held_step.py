@@ -23,6 +23,7 @@ from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.finalize import fail_job
 from merlin_flow.engine.leases import Heartbeat, claim, release_step, token_tag
+from merlin_flow.engine.machinery import Trouble, classify
 from merlin_flow.errors import ConfigError, LeaseLost, SandboxUnavailable, SetupFailed
 from merlin_flow.settings import Settings
 from merlin_flow.store import FINAL_JOB_STATUSES, Database, Job, Phase, Step
@@ -71,6 +72,8 @@ class HeldStep:
             log.warning("%s", exc)
             return Outcome.STOP
         except (SetupFailed, SandboxUnavailable, ConfigError) as exc:
+            if classify(exc) is Trouble.NO_SPACE:
+                raise  # not the project's fault: the job waits for space (``machinery``)
             fail_job(self.db, self.settings, self.job_id, self.step_key, self.token, str(exc))
             return Outcome.STOP
 

@@ -115,7 +115,11 @@ def token_worker(token: str | None) -> str:
 
 
 def claim(db: Database, step_id: int, phase: str, token: str, seconds: float) -> bool:
-    """Take the step's lease for ``phase``; False if another worker holds it."""
+    """Take the step's lease for ``phase``; False if another worker holds it.
+
+    A token that holds it already (the next try of a task, handed the lease by
+    ``machinery.hand_over``) takes it again.
+    """
     now = utcnow()
     with db.session() as session:
         result = session.execute(
@@ -126,6 +130,7 @@ def claim(db: Database, step_id: int, phase: str, token: str, seconds: float) ->
                 or_(
                     Step.lease_owner.is_(None),
                     Step.lease_owner == QUEUED,
+                    Step.lease_owner == token,
                     Step.lease_expires_at < now,
                 ),
             )

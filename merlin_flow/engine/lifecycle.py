@@ -44,7 +44,7 @@ from merlin_flow.store import (
     StepStatus,
     utcnow,
 )
-from merlin_flow.store.events import JOB_ENDED, EventKind, IntegratedData, add_event
+from merlin_flow.store.events import JOB_ENDED, EventData, EventKind, IntegratedData, add_event
 from merlin_flow.workspace.sandbox import SANDBOX_OFF_WARNING
 
 EARLY_ENDS = frozenset(JOB_ENDED)
@@ -238,25 +238,32 @@ def fail_step(session: Session, job: Job, step: Step, reason: str) -> None:
 
 
 def end_job(
-    session: Session, job_id: str, step: Step | None, reason: str, status: JobStatus
+    session: Session,
+    job_id: str,
+    step: Step | None,
+    reason: str,
+    status: JobStatus,
+    data: EventData | None = None,
 ) -> None:
-    """A job ends early (failed, cancelled, budget_exceeded): its step fails, later ones skip.
+    """A job ends early (failed, cancelled, budget_exceeded, parked): its step ends, later skip.
 
-    The step (if given) fails whatever the job's state; a job already ended keeps its
+    ``data`` goes with the job's event (a parked job's ``ParkedData``). The step (if
+    given) fails, or is parked, whatever the job's state; a job already ended keeps its
     status. Pending steps are skipped, but one a worker has just claimed is left to it:
     it stops at its first call.
     """
     _expect("end_job", status, EARLY_ENDS)
     now = utcnow()
     if step is not None:
-        _fail(step, reason, now)
+        parked = status == JobStatus.PARKED
+        _fail(step, reason, now, StepStatus.PARKED if parked else StepStatus.FAILED)
     job = session.get_one(Job, job_id)
     if job.status in FINAL_JOB_STATUSES:
         return
     job.status = status
     job.error = reason
     job.updated_at = now
-    add_event(session, job_id, JOB_ENDED[status], reason, step.key if step else None)
+    add_event(session, job_id, JOB_ENDED[status], reason, step.key if step else None, data)
     for later in job.steps:
         if later.status == StepStatus.PENDING and not held_by_a_worker(later):
             _skip(later, f"skipped: the job ended ({status}) before this step", None)
@@ -347,12 +354,14 @@ def held_by_a_worker(step: Step) -> bool:
     return owner not in (None, QUEUED) and expires is not None and expires > utcnow()
 
 
-def _fail(step: Step, reason: str, now: datetime) -> None:
-    step.status = StepStatus.FAILED
+def _fail(step: Step, reason: str, now: datetime, status: str = StepStatus.FAILED) -> None:
+    """Failed, or Parked: its open attempt cancelled, so a resume runs it on the same tier."""
+    step.status = status
     step.error = reason
     step.finished_at = now
     step.phase = Phase.DONE
-    close_open_attempts(step, AttemptStatus.ERROR, now, reason)
+    ended = AttemptStatus.CANCELLED if status == StepStatus.PARKED else AttemptStatus.ERROR
+    close_open_attempts(step, ended, now, reason)
 
 
 def _skip(step: Step, result: str, now: datetime | None) -> None:

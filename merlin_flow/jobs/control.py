@@ -5,7 +5,7 @@ A worker running a step sees the status at its next model call or tool call (or 
 its exit command) and stops without moving the job branch; then the job is finalized.
 A job nobody is working on is finalized at once.
 
-Resuming puts a failed, cancelled, budget-stopped or partially completed job back in
+Resuming puts a failed, cancelled, budget-stopped, parked or partially completed job back in
 motion: every step that did not pass is pending again, and those whose dependencies
 have passed are queued (``lifecycle.reopen_job``). The first of them starts afresh
 from the branch's head, on the tier it had reached (or ``--tier``), with its earlier
@@ -94,8 +94,8 @@ def resume_job(
             raise JobNotFoundError(f"no job with id {job_id!r}")
         if job.status not in RESUMABLE_JOB_STATUSES or job.finished_at is None:
             raise InputError(
-                f"job {job_id} is {job.status}; only a failed, cancelled, budget_exceeded "
-                "or partially_completed job that has ended can be resumed"
+                f"job {job_id} is {job.status}; only a failed, cancelled, budget_exceeded, "
+                "parked or partially_completed job that has ended can be resumed"
             )
         if job.status == JobStatus.BUDGET_EXCEEDED and budget_usd is None:
             raise InputError(

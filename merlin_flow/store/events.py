@@ -38,6 +38,9 @@ class EventKind(StrEnum):
     JOB_FAILED = "job_failed"
     JOB_CANCELLED = "job_cancelled"
     JOB_BUDGET_EXCEEDED = "job_budget_exceeded"
+    JOB_PARKED = "job_parked"
+    """A step could not run for a reason of merlin's own (a full disk, git or the database
+    failing past every try, a bug): the job stops, nothing failed, resumable."""
     JOB_FINISHED = "job_finished"
     """The job was closed: its patch and summary are written."""
     JOB_COMPLETED = "job_completed"
@@ -81,6 +84,7 @@ JOB_ENDED: Mapping[JobStatus, EventKind] = {
     JobStatus.FAILED: EventKind.JOB_FAILED,
     JobStatus.CANCELLED: EventKind.JOB_CANCELLED,
     JobStatus.BUDGET_EXCEEDED: EventKind.JOB_BUDGET_EXCEEDED,
+    JobStatus.PARKED: EventKind.JOB_PARKED,
 }
 """The event of a job ended early, by the status it ended with."""
 
@@ -162,6 +166,13 @@ class EnvironmentData(TypedDict):
     path: str
 
 
+class ParkedData(TypedDict):
+    """A parked job: what stopped its step (``engine.machinery.Trouble``), after how many tries."""
+
+    trouble: str
+    tries: int
+
+
 class FinishedData(TypedDict):
     """A closed job: its patch file."""
 
@@ -180,6 +191,7 @@ EventData = (
     | ResumedData
     | EnvironmentData
     | FinishedData
+    | ParkedData
 )
 
 DATA: Mapping[EventKind, type[Any]] = {
@@ -200,6 +212,7 @@ DATA: Mapping[EventKind, type[Any]] = {
     EventKind.JOB_RESUMED: ResumedData,
     EventKind.ENVIRONMENT_BUILT: EnvironmentData,
     EventKind.JOB_FINISHED: FinishedData,
+    EventKind.JOB_PARKED: ParkedData,
 }
 """The data each kind carries; a kind not listed carries none."""
 

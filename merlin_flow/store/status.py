@@ -32,6 +32,10 @@ class JobStatus(StrEnum):
     """Stopped before a call or an escalation its budget could not pay for."""
     REJECTED = "rejected"
     """Its plan was rejected (``merlin reject``): no step ran."""
+    PARKED = "parked"
+    """Stopped by merlin's own machinery, not by its steps' work: a step could not run
+    (a full disk, git or the database failing past every try, a bug). Nothing failed;
+    ``merlin resume`` continues it, and a job parked for space resumes once space returns."""
 
 
 FINAL_JOB_STATUSES = frozenset(
@@ -42,6 +46,7 @@ FINAL_JOB_STATUSES = frozenset(
         JobStatus.CANCELLED,
         JobStatus.BUDGET_EXCEEDED,
         JobStatus.REJECTED,
+        JobStatus.PARKED,
     }
 )
 """A job with one of these statuses runs no more attempts (it may still be finalizing)."""
@@ -51,6 +56,7 @@ RESUMABLE_JOB_STATUSES = frozenset(
         JobStatus.CANCELLED,
         JobStatus.BUDGET_EXCEEDED,
         JobStatus.PARTIALLY_COMPLETED,
+        JobStatus.PARKED,
     }
 )
 """``merlin resume`` takes a job that ended with one of these."""
@@ -65,9 +71,14 @@ class StepStatus(StrEnum):
     FAILED = "Failed"
     SKIPPED = "Skipped"
     """Never run: a step it depends on failed (``on_failure: continue``), or the job ended."""
+    PARKED = "Parked"
+    """Could not run for a reason of merlin's own (its job is ``parked``): not failed, its
+    tier kept; ``merlin resume`` runs it again."""
 
 
-FINISHED_STEP_STATUSES = frozenset({StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED})
+FINISHED_STEP_STATUSES = frozenset(
+    {StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED, StepStatus.PARKED}
+)
 """A step with one of these statuses will not run again (unless its job is resumed)."""
 
 

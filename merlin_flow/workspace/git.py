@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from merlin_flow.errors import GitError, RepositoryError
-from merlin_flow.workspace.git_repair import REPAIR_WAIT, is_debris_error, repair
+from merlin_flow.workspace.git_repair import REPAIR_WAIT, is_debris_error, recover, repair
 
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "merlin",
@@ -65,15 +65,19 @@ def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = 
     """Run git in ``cwd`` and return its stdout, stripped; GitError on failure.
 
     A failure on the debris of a killed git (a stale lock, a half-made worktree entry)
-    is repaired and the command tried again, for up to ``git_repair.REPAIR_WAIT``.
+    is repaired and the command tried again, for up to ``git_repair.REPAIR_WAIT``; one on
+    a corrupt cache of a git URL, once the cache is cloned again (``git_repair.recover``).
     """
+    started = time.time()
     proc = run_git(list(args), cwd, env)
     deadline = time.monotonic() + REPAIR_WAIT
     while check and proc.returncode != 0 and is_debris_error(proc.stderr):
-        if not repair(cwd):
+        if not repair(cwd, proc.stderr):
             if time.monotonic() > deadline:
                 break
             time.sleep(REPAIR_PAUSE)  # a live command's lock, or debris too young to remove
+        proc = run_git(list(args), cwd, env)
+    if check and proc.returncode != 0 and recover(cwd, proc.stderr, started):
         proc = run_git(list(args), cwd, env)
     if check and proc.returncode != 0:
         raise GitError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
@@ -108,10 +112,12 @@ def head_commit(repo: Path) -> str:
 
 def uncommitted_files(repo: Path) -> list[str]:
     """Files of the work tree that differ from HEAD: changed, staged, or new and not ignored."""
-    # -z: names as they are (git quotes names with unusual characters otherwise)
-    changed = git("diff", "--name-only", "-z", "HEAD", cwd=repo, check=False).split("\0")
+    # -z: names as they are (git quotes names with unusual characters otherwise). No
+    # optional locks: a diff refreshes the user's index under index.lock, and a worker
+    # killed meanwhile would leave the lock in the user's way.
+    changed = git("--no-optional-locks", "diff", "--name-only", "-z", "HEAD", cwd=repo, check=False)
     new = git("ls-files", "-z", "--others", "--exclude-standard", cwd=repo, check=False)
-    return sorted({*changed, *new.split("\0")} - {""})
+    return sorted({*changed.split("\0"), *new.split("\0")} - {""})
 
 
 def job_branch(job_id: str) -> str:
@@ -155,7 +161,9 @@ def add_worktree(repo: Path, path: Path, commit: str) -> Path:
     if path.exists():  # worktree paths carry a lease token: almost always new
         remove_worktree(repo, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    git("worktree", "add", "--detach", "--force", str(path), commit, cwd=repo)
+    # Forced twice: the path may still be registered to a locked worktree whose folder is
+    # gone (a worker killed inside `worktree add` leaves it locked "initializing").
+    git("worktree", "add", "--detach", "--force", "--force", str(path), commit, cwd=repo)
     return path
 
 

@@ -17,15 +17,13 @@ that does not answer (a network error, a timeout, an HTTP 5xx) is retried with b
 then reported as ``RemoteUnavailable``: the task fails without touching the job, and the
 recovery sweep runs it again once the step's lease expires. Any other refusal (a
 missing repository, a failed login, a rejected push) is a ``GitError``. The cache holds
-nothing the remote lacks once a step has been handed on.
+nothing the remote lacks once a step has been handed on, so a cache git finds corrupt (a
+pack truncated by a crash or a full disk) is cloned again (``git_repair.recover``).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -53,7 +51,16 @@ from merlin_flow.workspace.git import (
     run_git,
     set_ref,
 )
-from merlin_flow.workspace.git_repair import is_debris_error, repair
+from merlin_flow.workspace.git_repair import (
+    CLONE,
+    REMOTE_ENV,
+    REMOTE_TIMEOUT,
+    cache_lock,
+    cache_name,
+    is_debris_error,
+    recover,
+    repair,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +68,6 @@ log = logging.getLogger(__name__)
 _URL = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*://|[^\s/@:-][^\s/@:]*@[^\s/:-][^\s/:]*:)")
 RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0)
 """Seconds between tries of a remote that does not answer."""
-REMOTE_TIMEOUT = 600.0
-"""Seconds one clone, fetch or push may take before git is killed (and tried again)."""
 _TRANSIENT = re.compile(
     "|".join(
         (
@@ -79,16 +84,6 @@ _TRANSIENT = re.compile(
     ),
     re.IGNORECASE,
 )
-# No prompt, a bounded connect, and a dead connection noticed: a worker never hangs.
-_REMOTE_ENV = {
-    "GIT_SSH_COMMAND": os.environ.get(
-        "GIT_SSH_COMMAND",
-        "ssh -o BatchMode=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 "
-        "-o ServerAliveCountMax=4",
-    ),
-    "GIT_HTTP_LOW_SPEED_LIMIT": "1000",
-    "GIT_HTTP_LOW_SPEED_TIME": "60",
-}
 UPSTREAM_HEAD = "refs/merlin-upstream/HEAD"
 """Where a cache keeps the remote's HEAD, the commit new jobs start from."""
 
@@ -100,10 +95,7 @@ def is_git_url(location: str) -> bool:
 
 def cache_path(url: str, settings: Settings) -> Path:
     """Where this machine keeps its bare clone of ``url`` (a readable name, unique per URL)."""
-    name = url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
-    slug = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:40] or "repo"
-    digest = hashlib.sha256(url.encode()).hexdigest()[:12]
-    return settings.home_dir / "repos" / f"{slug}-{digest}.git"
+    return settings.home_dir / "repos" / cache_name(url)
 
 
 @dataclass(frozen=True)
@@ -232,7 +224,7 @@ class JobRepository:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        with _cache_lock(self.path):
+        with cache_lock(self.path):
             yield
 
 
@@ -287,14 +279,12 @@ def _clone(url: str, cache: Path, patient: bool) -> None:
     if (cache / "HEAD").is_file():
         return
     cache.parent.mkdir(parents=True, exist_ok=True)
-    with _cache_lock(cache):
+    with cache_lock(cache):
         if (cache / "HEAD").is_file():
             return
         partial = cache.with_name(cache.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        # No background gc: it would pack refs while other threads update them.
-        args = ["clone", "--bare", "--quiet", "--config", "gc.auto=0"]
-        args += ["--config", "maintenance.auto=false", "--", url, str(partial)]
+        args = [*CLONE, "--", url, str(partial)]
         try:
             if patient:
                 proc = _patiently(args, cache.parent, f"cannot clone {url}")
@@ -314,7 +304,7 @@ def _clone(url: str, cache: Path, patient: bool) -> None:
 def _once(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     """Run a git command that talks to a remote, within REMOTE_TIMEOUT (exit 128 past it)."""
     try:
-        return run_git(args, cwd, _REMOTE_ENV, timeout=REMOTE_TIMEOUT)
+        return run_git(args, cwd, REMOTE_ENV, timeout=REMOTE_TIMEOUT)
     except subprocess.TimeoutExpired:
         message = f"fatal: timed out after {REMOTE_TIMEOUT:g} s"
         return subprocess.CompletedProcess(args, 128, "", message)
@@ -324,11 +314,15 @@ def _patiently(args: list[str], cwd: Path, failure: str) -> subprocess.Completed
     """Run ``_once``, again after each of RETRY_DELAYS while the failure is transient.
 
     A failure on a killed git's debris in the cache (``shallow.lock``, a ref's lock) is
-    repaired first (``git_repair``), and tried again at once when something was removed.
+    repaired first (``git_repair``), and tried again at once when something was removed;
+    one on a corrupt cache (a truncated pack) the same, once the cache is cloned again.
     """
     for delay in (*RETRY_DELAYS, None):
+        started = time.time()
         proc = _once(args, cwd)
-        if proc.returncode != 0 and is_debris_error(proc.stderr) and repair(cwd):
+        if proc.returncode != 0 and is_debris_error(proc.stderr) and repair(cwd, proc.stderr):
+            proc = _once(args, cwd)
+        if proc.returncode != 0 and recover(cwd, proc.stderr, started):
             proc = _once(args, cwd)
         if not _unreachable(proc):
             return proc
@@ -337,20 +331,6 @@ def _patiently(args: list[str], cwd: Path, failure: str) -> subprocess.Completed
             raise RemoteUnavailable(f"{failure} after {tries} tries: {_last_line(proc.stderr)}")
         time.sleep(delay)
     raise AssertionError("unreachable")
-
-
-@contextmanager
-def _cache_lock(cache: Path) -> Iterator[None]:
-    """One clone or fetch at a time into a cache, across processes and threads (flock).
-
-    Ref updates and worktrees need no lock: git locks each ref it changes.
-    """
-    with cache.with_name(cache.name + ".lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _unreachable(proc: subprocess.CompletedProcess[str]) -> bool:

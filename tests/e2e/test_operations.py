@@ -82,7 +82,10 @@ def test_cancel_a_running_job_then_resume_it(tmp_path: Path, py_repo: Path) -> N
     assert len(git(py_repo, "rev-list", f"main..merlin/{job_id}").splitlines()) == 3
     again = merlin(env, "resume", job_id)
     assert again.returncode == 2
-    assert "only a failed, cancelled, budget_exceeded or partially_completed job" in again.stderr
+    assert (
+        "only a failed, cancelled, budget_exceeded, parked or partially_completed job"
+        in again.stderr
+    )
 
 
 def test_cancel_a_job_no_worker_has_started(tmp_path: Path, py_repo: Path) -> None:

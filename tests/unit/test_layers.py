@@ -356,7 +356,6 @@ UNTESTED = frozenset(
         "merlin_flow/resources.py", "merlin_flow/settings.py", "merlin_flow/store/database.py",
         "merlin_flow/store/models.py", "merlin_flow/workspace/command_guard.py",
         "workers/canvas.py", "workers/roles.py", "workers/sweeper.py",
-        "workers/tasks.py",
     }
 )  # fmt: skip
 """Modules with no test file of their own (their tests are the CLI's, the e2e tests or

@@ -166,7 +166,7 @@ def test_completion_offers_commands_and_job_statuses() -> None:
     assert complete("list", "--status", "f") == ["failed"]
     assert complete("list", "--status", "") == [
         "planning", "awaiting_approval", "pending", "running", "completed",
-        "partially_completed", "failed", "cancelled", "budget_exceeded", "rejected",
+        "partially_completed", "failed", "cancelled", "budget_exceeded", "rejected", "parked",
     ]  # fmt: skip
 
 

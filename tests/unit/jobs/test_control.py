@@ -66,7 +66,7 @@ def test_resume_refuses_what_it_cannot_do(
     from merlin_flow.jobs.control import cancel_job, resume_job
 
     job_id = scripted_job(db, settings, py_repo, tmp_path)
-    refused = "only a failed, cancelled, budget_exceeded or partially_completed"
+    refused = "only a failed, cancelled, budget_exceeded, parked or partially_completed"
     with pytest.raises(InputError, match=refused):
         resume_job(db, settings, job_id)
     cancel_job(db, settings, job_id)

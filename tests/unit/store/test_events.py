@@ -78,5 +78,7 @@ def test_reading_an_event_as_another_kinds_data_is_refused(db: Database) -> None
 
 def test_every_payload_belongs_to_a_kind_and_every_early_end_has_its_event() -> None:
     assert set(typing.get_args(EventData)) == set(DATA.values())
-    assert set(JOB_ENDED) == {JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.BUDGET_EXCEEDED}
+    assert set(JOB_ENDED) == {
+        JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.BUDGET_EXCEEDED, JobStatus.PARKED
+    }  # fmt: skip
     assert all(kind.value == f"job_{status}" for status, kind in JOB_ENDED.items())

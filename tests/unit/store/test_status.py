@@ -18,9 +18,10 @@ def test_the_values_the_database_and_the_json_hold_are_pinned() -> None:
     assert [s.value for s in JobStatus] == [
         "planning", "awaiting_approval", "pending", "running", "completed",
         "partially_completed", "failed", "cancelled", "budget_exceeded", "rejected",
+        "parked",
     ]  # fmt: skip
     assert [s.value for s in StepStatus] == [
-        "Pending", "InProgress", "Completed", "Failed", "Skipped"
+        "Pending", "InProgress", "Completed", "Failed", "Skipped", "Parked"
     ]  # fmt: skip
     assert [s.value for s in AttemptStatus] == [
         "running", "committed", "error", "passed", "failed", "cancelled"

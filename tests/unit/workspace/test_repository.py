@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from merlin_flow.jobs.submission import create_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Job, open_database
 from merlin_flow.tasklist import TaskList
-from merlin_flow.workspace import repository
+from merlin_flow.workspace import git_repair, repository
 from merlin_flow.workspace.git import add_worktree, attempt_ref, commit_all, remove_worktree
 from merlin_flow.workspace.repository import (
     cache_path,
@@ -277,6 +278,7 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
     with db.reader() as session:
         step_id = session.get_one(Job, job_id).steps[0].id
     monkeypatch.setattr(worker_tasks, "runtime", lambda: (db, settings))
+    monkeypatch.setattr(worker_tasks, "PAUSES", (0.0, 0.0))
 
     def failing_with(error: Exception) -> object:
         def work(db_: object, settings_: object, token: str) -> None:
@@ -290,15 +292,16 @@ def test_a_task_that_cannot_reach_the_remote_leaves_the_job_to_recovery(
     with db.reader() as session:
         assert session.get_one(Job, job_id).status == "pending"
         assert session.get_one(Step, step_id).status == "Pending"
-    # Against a refusal, which does end the job.
+    # Against a refusal, which goes on past every try: the job is parked, not failed.
     with db.session() as session:
         session.get_one(Step, step_id).lease_owner = None
     with pytest.raises(Ignore):
         worker_tasks._guard(job_id, "s1", failing_with(GitError("push refused")))
     with db.reader() as session:
         job = session.get_one(Job, job_id)
-        assert job.status == "failed"
+        assert job.status == "parked"
         assert "push refused" in (job.error or "")
+        assert "after 3 tries" in (job.error or "")
     db.dispose()
 
 
@@ -321,3 +324,52 @@ def test_a_job_ends_even_when_its_remote_is_gone_for_good(tmp_path: Path, remote
     assert patch.read_text() == ""
     assert "patch: not written" in patch.with_name("summary.md").read_text()
     db.dispose()
+
+
+def _truncate_biggest_pack(cache: Path) -> None:
+    """What a killed fetch, a full disk or a crash can leave of the cache's main pack."""
+    pack = max((cache / "objects" / "pack").glob("*.pack"), key=lambda path: path.stat().st_size)
+    pack.chmod(0o644)
+    with pack.open("r+b") as handle:
+        handle.truncate(pack.stat().st_size // 2)
+
+
+def test_a_corrupt_cache_is_cloned_again_and_the_command_runs(
+    tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(repository, "RETRY_DELAYS", (0.0,))
+    settings = _machine(tmp_path, "one")
+    one = repository_for_input(remote, settings)
+    base = one.base_commit()
+    one.start_branch("merlin/j1", base)
+    commit = _commit_on(one, base, "notes.txt", "from machine one\n")
+    one.publish(attempt_ref("j1", "s1", 1), commit)
+    assert one.advance("merlin/j1", commit, base)
+    live = add_worktree(one.path, one.scratch / "live", commit)  # a step's, mid-task
+
+    # Git in the cache (a worktree for a step): cloned again, then the worktree is made.
+    _truncate_biggest_pack(one.path)
+    assert git_repair.damaged(one.path)
+    add_worktree(one.path, one.scratch / "verify", commit)
+    assert git(one.scratch / "verify", "show", "HEAD:notes.txt") == "from machine one"
+    assert git(live, "rev-parse", "HEAD") == commit  # its entry moved to the new clone
+    # A fetch in the cache (a job's base): the same.
+    _truncate_biggest_pack(one.path)
+    again = repository_of(remote, settings)
+    assert again.base_commit() == base
+    again.have("j1", commit)
+    assert git_repair.damaged(one.path) == []
+    left = {path.name for path in one.path.parent.iterdir()}
+    assert left == {one.path.name, f"{one.path.name}.lock"}  # nothing corrupt kept aside
+
+
+def test_a_cache_another_worker_cloned_again_is_not_cloned_twice(
+    tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one = repository_for_input(remote, _machine(tmp_path, "one"))
+    started = time.time()
+    _truncate_biggest_pack(one.path)
+    error = "error: packfile ./objects/pack/x.pack does not match index\nfatal: bad object HEAD"
+    assert git_repair.recover(one.path, error, started)  # cloned again: try again
+    monkeypatch.setattr(git_repair, "_reclone", lambda *args: pytest.fail("cloned twice"))
+    assert git_repair.recover(one.path, error, started)  # another worker's clone will do
