@@ -2,14 +2,46 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Code that reads the settings before a test sets MERLIN_HOME (workers.app builds its
+# Celery app at import) gets a home of this process's own: never the user's ~/.merlin,
+# MERLIN_HOME, database or broker.
+os.environ["MERLIN_HOME"] = tempfile.mkdtemp(prefix="merlin-tests-home-")
+atexit.register(shutil.rmtree, os.environ["MERLIN_HOME"], ignore_errors=True)
+for own in ("MERLIN_DATABASE_URL", "MERLIN_BROKER_URL"):
+    os.environ.pop(own, None)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # xdist gives its workers the terminal's size; the tests (and the merlin processes
+    # they start) print as they would without it, unwrapped when not on a terminal.
+    for size in ("COLUMNS", "LINES"):
+        os.environ.pop(size, None)
+
+E2E = Path(__file__).parent / "e2e"
+LAST = ("test_chaos.py", "test_disk_full.py")
+"""Campaigns whose bounds are timed: they run after the rest, once the machine is quieter."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """End-to-end tests run one at a time on one xdist worker (``--dist loadgroup``).
+
+    They start worker processes and time what those do, so they never share the machine
+    with each other; the other xdist worker takes the unit and integration tests. The
+    timed campaigns come last in their group.
+    """
+    for item in items:
+        if E2E in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+    items.sort(key=lambda item: item.path.name in LAST)
 
 
 def git(repo: Path, *args: str) -> str:

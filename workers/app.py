@@ -12,6 +12,7 @@ class: kombu passes ``broker_transport_options`` to ``create_engine`` and a
 from __future__ import annotations
 
 from celery import Celery
+from sqlalchemy.pool import NullPool
 
 from merlin_flow.settings import Settings, get_settings
 from workers.tasks import ALL_QUEUES, QUEUES
@@ -37,6 +38,11 @@ def create_app(settings: Settings | None = None, current: bool = True) -> Celery
         "merlin_flow", broker=settings.broker, include=["workers.tasks"], set_as_current=current
     )
     transport_options: dict[str, object] = {}
+    if settings.broker_is_embedded:
+        # kombu's SQL transport keeps a session whose commit failed (a full disk) with its
+        # connection checked out; past 15 of them a pool would be spent, and the worker
+        # would stop ("Unrecoverable error: QueuePool limit"). Unpooled, it reconnects.
+        transport_options = {"poolclass": NullPool}
     if settings.broker.startswith(("redis://", "rediss://")):
         transport_options = {
             "visibility_timeout": REDIS_VISIBILITY_TIMEOUT,

@@ -161,7 +161,8 @@ def park_job(
         job = session.get_one(Job, job_id)
         if job.status in FINAL_JOB_STATUSES or step.status in FINISHED_STEP_STATUSES:
             return False
-        text = f"step {step_key} parked ({trouble}, after {tries} tries): {reason}"
+        times = "1 try" if tries == 1 else f"{tries} tries"
+        text = f"step {step_key} parked ({trouble}, after {times}): {reason}"
         data: ParkedData = {"trouble": trouble, "tries": tries}
         step.lease_owner = step.lease_expires_at = None
         end_job(session, job_id, step, text, JobStatus.PARKED, data)

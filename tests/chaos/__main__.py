@@ -7,6 +7,7 @@ prints a report per backend (and machine setup): the invariants broken, the comm
 killed worker left running (orphans), and the longest a step sat after a kill before
 its lease moved, against its bound (a lease). It exits 1
 on any violation, job not completed, orphan, or step idle past the bound.
+``--disk-full`` runs the disk-full campaign instead (``tests.chaos.disk_full``).
 docs/RELIABILITY.md holds the figures.
 """
 
@@ -45,6 +46,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "and a verify worker each) on one git URL per job",
     )  # fmt: skip
     parser.add_argument(
+        "--namespaces", action="store_true",
+        help="with --machines: each machine in a PID and mount namespace of its own (no "
+        "machine sees another's processes: take-overs across machines wait for the lease)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--crash-every", type=int, default=0,
+        help="with --namespaces: every N-th kill takes a whole machine down (its namespace's "
+        "init: every process in it) and boots it again in a new namespace (0: never)",
+    )  # fmt: skip
+    parser.add_argument(
         "--backend", choices=("sqlite", "redis", "both"), default="both",
         help="sqlite: embedded store and broker; redis: Redis + Postgres",
     )  # fmt: skip
@@ -79,11 +90,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: time)")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="stop after this long")
+    parser.add_argument(
+        "--disk-full", action="store_true",
+        help="the disk-full campaign (tests/chaos/disk_full.py): no kills; MERLIN_HOME and "
+        "the repositories on a small tmpfs, filled then freed (root only)",
+    )  # fmt: skip
+    parser.add_argument("--disk-mb", type=int, default=300, help="--disk-full: the tmpfs's size")
+    parser.add_argument(
+        "--fills", type=int, default=2, help="--disk-full: times the disk is filled"
+    )
+    parser.add_argument(
+        "--full-seconds", type=float, default=30.0,
+        help="--disk-full: how long the disk stays full each time",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.seed is None:
         args.seed = int(time.time())
     if args.machines and args.backend != "redis":
         parser.error("--machines needs --backend redis (the machines share Postgres and Redis)")
+    if args.namespaces and not args.machines:
+        parser.error("--namespaces needs --machines (a namespace per simulated machine)")
+    if args.crash_every and not args.namespaces:
+        parser.error("--crash-every needs --namespaces (a crash kills a machine's namespace)")
     return args
 
 
@@ -95,7 +123,7 @@ class Result:
     tally: Tally
     seconds: float
     bound: float
-    """The longest a step may sit after a kill (a lease)."""
+    """The longest a step may sit after a kill (a lease; across namespaces, and a sweep)."""
     idle: float = 0.0
     """The longest a step sat after a kill before its lease moved."""
     idle_step: str = ""
@@ -105,6 +133,10 @@ class Result:
     """A line per step that sat longer than ``bound``."""
     unswept: float = 0.0
     """The longest time no worker swept (every live one starting, or cut off)."""
+    spaces: dict[str, set[str]] = field(default_factory=dict)
+    """The pid spaces of the lease tokens seen, by machine."""
+    takeovers: tuple[list[float], list[float]] = ([], [])
+    """The waits of running steps whose lease moved before it lapsed, and after."""
     logs: str = ""
 
     @property
@@ -133,6 +165,7 @@ def run(name: str, args: argparse.Namespace) -> Result:
             findings = check(
                 campaign.db, campaign.job_ids, campaign.repos, campaign.homes, campaign.poisoned
             )
+            findings.violations += campaign.namespace_violations()
             for failure in campaign.tally.submit_failures:
                 findings.violations.append(f"submit failed: {failure}")
             missing = args.jobs - len(campaign.job_ids) - len(campaign.tally.submit_failures)
@@ -153,13 +186,18 @@ def measure(campaign: Campaign, findings: Findings, seconds: float) -> Result:
     timed = (sum(not h.delivered for h in held), sum(h.delivered for h in held))
     over = campaign.idle.over(bound)
     unswept = campaign.idle.longest_unswept()
-    return Result(findings, campaign.tally, seconds, bound, idle, step, timed, over, unswept)
+    spaces = campaign.token_spaces()
+    return Result(
+        findings, campaign.tally, seconds, bound, idle, step, timed, over, unswept, spaces,
+        campaign.idle.takeovers(),
+    )  # fmt: skip
 
 
 def column(name: str, args: argparse.Namespace) -> str:
     """A backend's column title, with its machine setup."""
     if name == "redis" and args.machines:
-        return f"redis, {args.machines} machines"
+        spaces = ", PID namespace each" if args.namespaces else ""
+        return f"redis, {args.machines} machines{spaces}"
     return name
 
 
@@ -182,8 +220,17 @@ def report(results: dict[str, Result], args: argparse.Namespace) -> None:
         if args.machines
         else f"{args.workers} workers"
     )
+
+    spaces = ""
+    if args.machines:
+        spaces = (
+            " (each machine in a PID + mount namespace of its own)"
+            if args.namespaces
+            else " (all machines in one PID namespace)"
+        )
     console.print(
-        f"{args.jobs} jobs x {args.steps} steps, {workers} at --concurrency {args.concurrency}, "
+        f"{args.jobs} jobs x {args.steps} steps, {workers} at --concurrency {args.concurrency}"
+        f"{spaces}, "
         f"a kill every {args.kill_every[0]:g}-{args.kill_every[1]:g} s, lease {args.lease:g} s, "
         f"sweep {args.sweep:g} s, commands {args.command:g} s, sandbox {args.sandbox}; "
         f"{os.cpu_count()} cores, Python {platform.python_version()}, "
@@ -200,6 +247,12 @@ def report(results: dict[str, Result], args: argparse.Namespace) -> None:
             console.print(f"[red]{column(name, args)}: {line}[/red]", highlight=False)
         if result.idle_step:
             console.print(f"{column(name, args)}: longest idle after a kill: {result.idle_step}")
+        for machine, counts in result.tally.isolation.items():
+            seen = ", ".join(f"{n} of {other}'s" for other, n in counts.items())
+            console.print(
+                f"{column(name, args)}: {machine}'s PID namespace shows {seen} processes",
+                highlight=False,
+            )
         if result.logs:
             print(result.logs[-6000:], file=sys.stderr)
 
@@ -210,6 +263,7 @@ LABELS = (
     "poison steps parked",
     "statuses",
     "kills (of an idle worker; unwatched)",
+    "machine crashes (of the kills)",
     "outages (sessions, clients cut)",
     "submits retried after an outage",
     "steps taken over (counted against them)",
@@ -218,7 +272,9 @@ LABELS = (
     "command processes at kills",
     "orphans (after kills + at the end)",
     "steps timed after kills (running + delivered)",
+    "running steps moved before / after their lease lapsed",
     "longest idle after a kill (bound)",
+    "PID spaces in lease tokens (machines)",
     "longest time without a sweep",
     "worktrees left (cleanup wait)",
     "longest silence of a running job",
@@ -236,6 +292,7 @@ def _figures(result: Result) -> list[Any]:
         found.parked,
         ", ".join(f"{k} {v}" for k, v in sorted(found.statuses.items())),
         f"{len(tally.kills)} ({tally.idle_kills}; {tally.snapshot_failures})",
+        tally.crashes,
         f"{tally.outages} ({tally.cut_sessions}, {tally.cut_clients})",
         tally.submit_retries,
         f"{found.losses} ({found.counted})",
@@ -244,7 +301,9 @@ def _figures(result: Result) -> list[Any]:
         tally.commands_at_kills,
         f"{result.orphans} ({len(tally.orphans)} + {len(tally.orphans_at_end)})",
         f"{sum(result.timed)} ({result.timed[0]} + {result.timed[1]})",
+        _split(result.takeovers),
         f"{result.idle:.1f} s ({result.bound:g} s)",
+        f"{len(set().union(*result.spaces.values()))} ({len(result.spaces)})",
         f"{result.unswept:.1f} s",
         f"{found.worktrees_left} ({tally.cleanup_seconds:.1f} s)",
         f"{found.max_idle:.1f} s",
@@ -253,10 +312,23 @@ def _figures(result: Result) -> list[Any]:
     ]
 
 
+def _split(takeovers: tuple[list[float], list[float]]) -> str:
+    """``early / late (longest of each)``."""
+    early, late = takeovers
+    longest = [f"{max(waits, default=0.0):.1f} s" for waits in (early, late)]
+    return f"{len(early)} / {len(late)} ({longest[0]} / {longest[1]})"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the campaign on each backend asked for; 1 if anything failed."""
     args = parse(argv)
     names = ("sqlite", "redis") if args.backend == "both" else (args.backend,)
+    if args.disk_full:
+        from tests.chaos.disk_full import print_report, run_disk_full
+
+        reports = {name: run_disk_full(name, args) for name in names}
+        print_report(reports, args)
+        return 1 if any(r.failed(args.jobs) for r in reports.values()) else 0
     results = {name: run(name, args) for name in names}
     report(results, args)
     return 1 if any(result.failed(args.jobs) for result in results.values()) else 0

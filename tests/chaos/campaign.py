@@ -22,6 +22,15 @@ own ``MERLIN_HOME`` and working directory and runs an ``llm,control`` worker and
 per job, ``file://``), and each submits its share of the jobs. A kill picks a random
 machine, then one of its workers, and restarts it there.
 
+With ``namespaces`` too, each machine runs in a PID and mount namespace of its own
+(``tests.chaos.namespaces``): no machine sees another's processes, so a step of a
+worker killed on one machine is taken over at once only by a worker of the same machine
+(``leases.process_gone``); from another, once its lease lapsed. The bound on idle after
+a kill is then a lease and a sweep. With ``crash_every`` N, every N-th kill is a
+machine's crash: its namespace's init is killed (every process in it at once) and the
+machine boots again in a new namespace, a new pid space, as a rebooted machine has a new
+boot id; its steps can then only be taken over once their lease lapsed.
+
 A kill comes only once the campaign is in the steady state its bound is promised for:
 every live worker has logged that it is ready, the last of them a lost message's grace
 ago (``recovery.grace``: a sweeper that has just begun watching the broker cannot yet
@@ -40,6 +49,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -51,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.chaos.namespaces import Namespace, children, namespace_of
 from tests.chaos.watch import (
     ORPHAN_SECONDS,
     POLL_MARGIN,
@@ -71,6 +82,10 @@ LEASE_SECONDS = 4.0
 last beat."""
 SWEEP_SECONDS = 1.0
 """Seconds between each worker's recovery sweeps (``--sweep``, ``MERLIN_SWEEP_INTERVAL``)."""
+READY = re.compile(r"(\S+@\S+) ready\.")
+"""A worker's log line once it is ready, with its Celery host name."""
+TOKEN_SAMPLE_SECONDS = 1.0
+"""How often the driver reads the lease tokens of running steps (their pid spaces)."""
 CLEANUP_SWEEPS = 3
 """Sweep intervals (plus ``POLL_MARGIN``) the workers get to remove worktrees at the end."""
 
@@ -104,6 +119,21 @@ POISON_TASKLIST = {
     ],
 }
 """A one-step job whose step kills the process running it, every time it is delivered."""
+
+
+def start_worker_in(
+    namespace: Namespace, env: dict[str, str], log: Path, *args: str, cwd: Path
+) -> subprocess.Popen[bytes]:
+    """``tests.e2e.helpers.start_worker`` in ``namespace``: the ``nsenter`` leads the
+    worker's process group (killing the group kills the worker and all it started)."""
+    from tests.e2e.helpers import MERLIN
+
+    command = [*MERLIN, "worker", "--concurrency", "1", "--loglevel", "INFO", *args]
+    with log.open("ab") as handle:
+        return subprocess.Popen(
+            [*namespace.enter(cwd), *command], env=env, stdout=handle,
+            stderr=subprocess.STDOUT, start_new_session=True, cwd=cwd,
+        )  # fmt: skip
 
 
 def step_key(n: int) -> str:
@@ -203,6 +233,10 @@ class Machine:
     env: dict[str, str]
     roles: tuple[str, ...]
     """The queues of each of its workers ("": every queue)."""
+    namespace: Namespace | None = None
+    """Its own PID and mount namespace (``--namespaces``), or this machine's."""
+    spaces: list[str] = field(default_factory=list)
+    """The pid spaces of its namespaces, one per boot (``--namespaces``)."""
 
 
 @dataclass
@@ -215,6 +249,19 @@ class Worker:
     log: Path
     ready_at: float | None = None
     """When its log first said it was ready (``time.monotonic``)."""
+
+    @property
+    def pid(self) -> int:
+        """The `merlin worker` process: in a namespace, the child of its ``nsenter``."""
+        if self.machine.namespace is not None:
+            return next(iter(children(self.process.pid)), self.process.pid)
+        return self.process.pid
+
+    def name(self) -> str:
+        """Its Celery host name, as its log says once it is ready (the last field of its
+        lease tokens); "" before."""
+        found = READY.findall(self.log.read_text(errors="replace"))
+        return str(found[-1]) if found else ""
 
 
 @dataclass
@@ -241,6 +288,16 @@ class Tally:
     """Kills before which the database or broker could not be read (an outage)."""
     cleanup_seconds: float = 0.0
     """How long the last worktrees took to go after the last job finished."""
+    crashes: int = 0
+    """Kills of a whole machine (``--crash-every``), of ``kills``."""
+    tokens: set[str] = field(default_factory=set)
+    """Every worker lease token seen on a step (sampled while running, and ``lost_by``)."""
+    isolation: dict[str, dict[str, int]] = field(default_factory=dict)
+    """With ``--namespaces``: how many processes of each machine (their environment names
+    its ``MERLIN_HOME``) each machine's namespace showed, once every worker was ready."""
+    namespace_problems: list[str] = field(default_factory=list)
+    """With ``--namespaces``: a machine that saw another's processes, a token of another
+    pid space than its machine's, a process left in a namespace at the end."""
 
 
 class Campaign:
@@ -267,7 +324,13 @@ class Campaign:
         self.env = self.machines[0].env
         self.random = random.Random(args.seed)
         self.workers: list[Worker] = []
+        self.started: list[Worker] = []
+        """Every worker started, killed or not."""
         self.started_workers = 0
+        self.namespaces: list[Namespace] = []
+        """Every namespace made, crashed or not (each holds its pid space until the end)."""
+        self._isolated = False
+        """Whether the namespaces' isolation was checked (once every worker was ready)."""
         self.tally = Tally()
         self.broker = Broker(
             target.redis_url, None if target.redis_url else self.home / "broker.db"
@@ -308,8 +371,17 @@ class Campaign:
         return [machine.home for machine in self.machines]
 
     @property
+    def namespaced(self) -> bool:
+        """Whether each machine runs in a PID and mount namespace of its own."""
+        return bool(getattr(self.args, "namespaces", False))
+
+    @property
     def idle_bound(self) -> float:
-        """The longest a step may sit after a kill: a lease."""
+        """The longest a step may sit after a kill: a lease; across PID namespaces, a lease
+        and a sweep (a worker of another machine cannot see the victim is gone: the lease
+        must lapse, then a sweep take the step over)."""
+        if self.namespaced:
+            return float(self.args.lease + self.args.sweep)
         return float(self.args.lease)
 
     @property
@@ -337,10 +409,16 @@ class Campaign:
         log = self.log(self.started_workers)
         if len(self.machines) > 1:
             log = log.with_name(f"{machine.name}-{queues.replace(',', '-')}-{log.name}")
-        process = start_worker(machine.env, log, *options, cwd=machine.cwd)
+        if machine.namespace is None:
+            process = start_worker(machine.env, log, *options, cwd=machine.cwd)
+        else:
+            process = start_worker_in(
+                machine.namespace, machine.env, log, *options, cwd=machine.cwd
+            )
         self.started_workers += 1
         worker = Worker(process, machine, queues, log)
         self.workers.append(worker)
+        self.started.append(worker)
         return worker
 
     def submit(self, n: int) -> None:
@@ -403,10 +481,12 @@ class Campaign:
         grace = max(MIN_GRACE_SECONDS, self.args.sweep)
         return now - max(r for r in ready if r is not None) >= grace
 
-    def kill_one(self) -> None:
-        """SIGKILL a random live worker's process group and start a replacement.
+    def kill_one(self, crash: bool = False) -> None:
+        """SIGKILL a random live worker's process group and start a replacement
+        (``crash``: every process of a random machine at once, its PID namespace's init,
+        and bring the machine back in a new namespace, as after a reboot).
 
-        Just before, note the commands it runs and the steps the kill may stall; the
+        Just before, note the commands they run and the steps the kill may stall; the
         driver's loop then checks the first are gone and times the second.
         """
         from tests.e2e.helpers import kill_worker
@@ -415,16 +495,25 @@ class Campaign:
         if not live:
             return
         machine = self.random.choice(sorted({w.machine.name for w in live}))
-        victim = self.random.choice([w for w in live if w.machine.name == machine])
-        group = victim.process.pid
-        commands = command_processes(group)
+        if crash:
+            victims = [w for w in self.workers if w.machine.name == machine]
+        else:
+            victims = [self.random.choice([w for w in live if w.machine.name == machine])]
+        groups = [victim.process.pid for victim in victims]
+        commands = set().union(*(command_processes(group) for group in groups))
         watched = True
         try:
-            held, queued = held_steps(self.db, group, self.broker, self.handoff)
+            held, queued = held_steps(self.db, groups, self.broker, self.handoff)
         except Exception:  # an outage cut our own session: the kill goes on unwatched
             held, queued, watched = [], [], False
             self.tally.snapshot_failures += 1
-        kill_worker(victim.process)
+        place = victims[0].machine
+        if crash:
+            assert place.namespace is not None
+            place.namespace.close()  # its init: every process in it
+            self.tally.crashes += 1
+        for victim in victims:
+            kill_worker(victim.process)
         at, wall = time.monotonic(), time.time()
         held += taken(queued, self.broker)  # taken off their queue just before the kill
         number = len(self.tally.kills)
@@ -434,8 +523,18 @@ class Campaign:
         self.tally.commands_at_kills += len(commands)
         self.idle.add(Stall(number, wall, held))
         self._orphan_checks.append((at + ORPHAN_SECONDS, number, commands))
-        self.workers.remove(victim)
-        self.start_worker(victim.machine, victim.queues)
+        if crash:
+            self.boot(place)
+        for victim in victims:
+            self.workers.remove(victim)
+            self.start_worker(victim.machine, victim.queues)
+
+    def boot(self, machine: Machine) -> None:
+        """Give ``machine`` a new PID and mount namespace (a new pid space)."""
+        log = self.log(0).with_name(f"{machine.name}-namespace.txt")
+        machine.namespace = Namespace(machine.name, log)
+        machine.spaces.append(machine.namespace.space)
+        self.namespaces.append(machine.namespace)
 
     def check_orphans(self, wait: bool = False) -> None:
         """Count the commands of each kill still alive ``ORPHAN_SECONDS`` after it (``wait``:
@@ -463,6 +562,9 @@ class Campaign:
         """Start the workers, submit the jobs and cause chaos until all finished; seconds taken."""
         begun = time.monotonic()
         deadline = begun + 60 * self.args.max_minutes
+        if self.namespaced:
+            for machine in self.machines:
+                self.boot(machine)
         for machine in self.machines:
             for queues in machine.roles:
                 self.start_worker(machine, queues)
@@ -471,19 +573,27 @@ class Campaign:
         low, high = self.args.kill_every
         next_kill = time.monotonic() + self.random.uniform(low, high)
         finished = False
+        sampled = 0.0
         try:
             while time.monotonic() < deadline:
                 time.sleep(0.25)
                 with contextlib.suppress(Exception):  # an outage cut our session: next time
                     self.idle.poll(self.db, self.broker)
+                if time.monotonic() - sampled >= TOKEN_SAMPLE_SECONDS:
+                    sampled = time.monotonic()
+                    with contextlib.suppress(Exception):
+                        self.sample_tokens()
                 self.check_orphans()
                 if all(f.done() for f in futures) and self.unfinished_submitted() == 0:
                     finished = self.finished = True
                     break
                 kills = len(self.tally.kills)
                 due = time.monotonic() >= next_kill and kills < self.args.max_kills
+                if self.namespaced and not self._isolated and self.settled():
+                    self.check_isolation()
                 if due and self.settled():
-                    self.kill_one()
+                    every = getattr(self.args, "crash_every", 0)
+                    self.kill_one(crash=bool(every) and (kills + 1) % every == 0)
                     next_kill = time.monotonic() + self.random.uniform(low, high)
                     if self.args.outage_every and (kills + 1) % self.args.outage_every == 0:
                         self.outage()
@@ -496,8 +606,97 @@ class Campaign:
             self.await_cleanup()
         with contextlib.suppress(Exception):
             self.idle.poll(self.db, self.broker)
+        with contextlib.suppress(Exception):
+            self.sample_tokens(lost=True)
         self.idle.close()
         return time.monotonic() - begun
+
+    def sample_tokens(self, lost: bool = False) -> None:
+        """Note the lease tokens of the steps workers hold now (``lost``: and of every
+        step's last lost worker)."""
+        from sqlalchemy import select
+
+        from merlin_flow.engine.leases import QUEUED
+        from merlin_flow.store import Step
+
+        with self.db.reader() as session:
+            owners = set(
+                session.scalars(select(Step.lease_owner).where(Step.lease_owner.is_not(None)))
+            )
+            if lost:
+                owners |= set(
+                    session.scalars(select(Step.lost_by).where(Step.lost_by.is_not(None)))
+                )
+        self.tally.tokens |= {owner for owner in owners if owner and owner != QUEUED}
+
+    def token_spaces(self) -> dict[str, set[str]]:
+        """The pid spaces of the tokens seen, by the machine of the worker that wrote them
+        (the token's last field, its Celery host name, as that worker logged it)."""
+        from merlin_flow.engine.leases import token_worker
+
+        machines = {w.name(): w.machine.name for w in self.started}
+        machines.pop("", None)
+        spaces: dict[str, set[str]] = {}
+        for token in self.tally.tokens:
+            host = token.partition(":")[0]
+            machine = machines.get(token_worker(token), "?")
+            spaces.setdefault(machine, set()).add(host.rpartition("/")[2])
+        return spaces
+
+    def check_isolation(self) -> None:
+        """With ``--namespaces``, once every worker is ready: each machine's namespace shows
+        its own workers and none of another machine's (processes whose environment names
+        that machine's ``MERLIN_HOME``), and each worker runs in its machine's namespace."""
+        self._isolated = True
+        homes = {machine.name: str(machine.home) for machine in self.machines}
+        ours = namespace_of(os.getpid())
+        for machine in self.machines:
+            if machine.namespace is None:
+                continue
+            try:
+                seen = machine.namespace.seen(list(homes.values()))
+            except (subprocess.SubprocessError, OSError, ValueError) as error:
+                self.tally.namespace_problems.append(f"{machine.name}: cannot look inside: {error}")
+                continue
+            counts = {name: seen.get(home, 0) for name, home in homes.items()}
+            self.tally.isolation[machine.name] = counts
+            for name, count in counts.items():
+                if (name == machine.name) != bool(count):
+                    self.tally.namespace_problems.append(
+                        f"{machine.name}'s PID namespace shows {count} processes of {name}"
+                    )
+            for worker in self.workers:
+                if worker.machine is machine and worker.process.poll() is None:
+                    inode = namespace_of(worker.pid)  # None: it died just now
+                    if inode is not None and (inode == ours or inode != machine.namespace.inode):
+                        self.tally.namespace_problems.append(
+                            f"{machine.name}: worker {worker.pid} in PID namespace {inode}, "
+                            f"not the machine's {machine.namespace.inode}"
+                        )
+
+    def namespace_violations(self) -> list[str]:
+        """With ``--namespaces``: every problem of ``Tally.namespace_problems``, and tokens
+        whose pid space is not their machine's, or the same as another machine's."""
+        problems = list(self.tally.namespace_problems)
+        if not self.namespaced:
+            return problems
+        if not self._isolated:
+            problems.append("the namespaces' isolation was never checked (no worker ready)")
+        spaces = self.token_spaces()
+        booted = [space for machine in self.machines for space in machine.spaces]
+        if len(set(booted)) < len(booted):
+            problems.append(f"a pid space used by two namespaces: {', '.join(booted)}")
+        owner: dict[str, str] = {}
+        for machine in self.machines:
+            for space in sorted(spaces.get(machine.name, set())):
+                if space not in machine.spaces:
+                    problems.append(
+                        f"{machine.name}: a lease token of pid space {space!r}, not one of "
+                        f"the machine's ({', '.join(machine.spaces)})"
+                    )
+                if owner.setdefault(space, machine.name) != machine.name:
+                    problems.append(f"{machine.name} and {owner[space]} share pid space {space!r}")
+        return problems
 
     def await_cleanup(self) -> None:
         """Give the workers a few sweep intervals to remove every worktree of ended jobs."""
@@ -522,21 +721,48 @@ class Campaign:
 
         if not self._stopped:
             self.check_orphans(wait=True)  # before the stop: the last kills' commands
-        for worker in self.workers:
-            with contextlib.suppress(ProcessLookupError):
-                if worker.process.poll() is None:
-                    os.kill(worker.process.pid, signal.SIGTERM)
-        for worker in self.workers:
-            try:
-                stop_worker(worker.process)
-            finally:
-                kill_worker(worker.process)
-        if not self._stopped:
-            self._stopped = True
-            self.tally.orphans_at_end = describe(alive(campaign_commands(self.work)))
+        try:
+            for worker in self.workers:
+                with contextlib.suppress(ProcessLookupError):
+                    if worker.process.poll() is None:
+                        os.kill(
+                            worker.pid, signal.SIGTERM
+                        )  # not nsenter's: it would not pass it on
+            for worker in self.workers:
+                try:
+                    if worker.machine.namespace is None:
+                        stop_worker(worker.process)
+                    else:
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            worker.process.wait(timeout=20)
+                finally:
+                    kill_worker(worker.process)
+            if not self._stopped:
+                self._stopped = True
+                self.tally.orphans_at_end = describe(alive(campaign_commands(self.work)))
+        finally:
+            self.close_namespaces()
         if self._db is not None:
             self._db.dispose()
             self._db = None
+
+    def close_namespaces(self) -> None:
+        """Note any process left in a machine's namespace (a few seconds to go), then kill
+        each namespace (its init, so everything in it)."""
+        for machine in self.machines:
+            if machine.namespace is None or machine.namespace.closed:
+                continue
+            deadline = time.monotonic() + ORPHAN_SECONDS
+            while (left := machine.namespace.members()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for line in describe((pid, 0) for pid in left):
+                self.tally.namespace_problems.append(
+                    f"{machine.name}: left in its PID namespace: {line}"
+                )
+            machine.namespace.close()
+        for namespace in self.namespaces:
+            namespace.close()
+            namespace.release()
 
     def log_tail(self, chars: int = 3000) -> str:
         """The end of every worker's log, for a failed run."""

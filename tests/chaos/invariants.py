@@ -2,8 +2,9 @@
 
 - every job completed, but the poison jobs (``--poison``): each of those failed, its step
   parked as poison after ``max_recoveries`` counted losses;
-- a completed job's steps are all ``Completed`` and its attempts all ``passed``; every
-  step has exactly one passing attempt;
+- a completed job's steps are all ``Completed`` and its attempts all ``passed`` (or
+  ``cancelled`` when merlin's machinery parked the job, a full disk say, and it went on
+  later: ``engine.machinery``); every step has exactly one passing attempt;
 - no step had two attempts, or two runs of one attempt, at once: attempt rows' spans do
   not overlap, and no model call of an earlier run comes after the first call of a
   later run of the same attempt;
@@ -57,6 +58,11 @@ class Findings:
     violations: list[str] = field(default_factory=list)
 
 
+def _cancelled_by_a_park(attempt: Any) -> bool:
+    """An attempt its job's park cancelled (``lifecycle._fail`` with status ``Parked``)."""
+    return attempt.status == "cancelled" and " parked (" in (attempt.error or "")
+
+
 def check(
     db: Any,
     job_ids: list[str],
@@ -94,8 +100,9 @@ def check(
                     found.violations.append(f"{job_id}/{step.key}: {len(passed)} passing attempts")
                 if completed and step.status != StepStatus.COMPLETED:
                     found.violations.append(f"{job_id}/{step.key}: step {step.status}")
-                if completed and len(passed) != len(step.attempts):
-                    others = sorted(a.status for a in step.attempts if a not in passed)
+                ok = [*passed, *(a for a in step.attempts if _cancelled_by_a_park(a))]
+                if completed and len(ok) != len(step.attempts):
+                    others = sorted(a.status for a in step.attempts if a not in ok)
                     found.violations.append(f"{job_id}/{step.key}: attempts {', '.join(others)}")
                 spans = sorted((a.started_at, a.finished_at or datetime.max) for a in step.attempts)
                 for (_, end), (start, _) in itertools.pairwise(spans):

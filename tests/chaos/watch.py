@@ -11,14 +11,17 @@ working directory is under the campaign's folder).
 
 **Idle after a kill.** ``held_steps`` lists, just before a kill, the steps the kill may
 stall: the ones whose lease token (``host/space:pid:...``) is a process of the victim's
-group, and queued steps whose message was delivered but not claimed (Redis: an entry in
+group (the token names the pid its own PID namespace gives it, ``NSpid``: with
+``--namespaces`` not the pid this namespace sees; ``tests.chaos.namespaces``), and
+queued steps whose message was delivered but not claimed (Redis: an entry in
 ``unacked``; the embedded broker: a ``kombu_message`` row with ``visible = 0``; on both,
 a step queued more than ``PUBLISH_SECONDS`` ago whose message is in no queue: the
-embedded broker's sweep deletes delivered rows; and a queued step whose message was in
-a queue just before the kill and is not just after it). ``IdleWatch`` then polls their rows
-and times each from the kill until its lease moves: another owner, a new expiry (the
-sweep queued it again), or the step finished. A kill stalls no job longer than a lease
-if the longest of those times is within that bound.
+embedded broker's sweep deletes delivered rows; and a queued step whose message was in a
+queue just before the kill and is not just after it). ``IdleWatch`` then polls their
+rows and times each from the kill until its lease moves: another owner, a new expiry
+(the sweep queued it again), or the step finished. A kill stalls no job longer than a
+lease (across namespaces: a lease and a sweep) if the longest of those times is within
+that bound.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import os
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,6 +41,7 @@ from typing import Any
 
 from merlin_flow.engine.leases import QUEUED
 from merlin_flow.workspace.command_guard import MARK_VARIABLE
+from tests.chaos.namespaces import tokens_of_group
 
 MARK = f"{MARK_VARIABLE}=".encode()
 PROC = Path("/proc")
@@ -184,16 +188,19 @@ class Held:
 
 
 def held_steps(
-    db: Any, group: int, broker: Broker, handoff: float
+    db: Any, group: int | Collection[int], broker: Broker, handoff: float
 ) -> tuple[list[Held], list[Held]]:
-    """The steps a kill of process group ``group`` may stall (see the module docstring),
-    and the queued steps whose message waits in a queue (``taken`` tells, after the
-    kill, which of those were taken off their queue in between, maybe by the victim)."""
+    """The steps a kill of process group ``group`` (or of several groups at once: a
+    machine's crash) may stall (see the module docstring), and the queued steps whose
+    message waits in a queue (``taken`` tells, after the kill, which of those were taken
+    off their queue in between, maybe by the victim)."""
     from sqlalchemy import select
 
     from merlin_flow.store import Job, Step, utcnow
 
     waiting, delivered = broker.messages()  # before the rows: see the module docstring
+    groups = {group} if isinstance(group, int) else set(group)
+    members = tokens_of_group([p.pid for p in processes().values() if p.pgid in groups])
     published_before = utcnow() - timedelta(seconds=PUBLISH_SECONDS)
     held, queued = [], []
     with db.reader() as session:
@@ -213,13 +220,26 @@ def held_steps(
             if (job_id, key) in delivered or queued_at < published_before:
                 held.append(Held(step_id, job_id, key, owner, expires, True))
             continue
-        try:
-            if os.getpgid(int(owner.split(":")[1])) != group:
-                continue
-        except (ValueError, IndexError, OSError):
+        if not _of_group(owner, groups, members):
             continue
         held.append(Held(step_id, job_id, key, owner, expires, False))
     return held, queued
+
+
+def _of_group(token: str, groups: set[int], members: set[tuple[str, int]]) -> bool:
+    """Whether lease ``token`` (``host/space:pid:...``) names a process of ``groups``,
+    whose processes are ``members`` (``(pid space, pid in its namespace)``). A token with
+    no pid space names a pid of ours."""
+    host, _, rest = token.partition(":")
+    space, pid = host.rpartition("/")[2], rest.partition(":")[0]
+    if not pid.isdigit():
+        return False
+    if space:
+        return (space, int(pid)) in members
+    try:
+        return os.getpgid(int(pid)) in groups
+    except OSError:
+        return False
 
 
 def taken(queued: list[Held], broker: Broker) -> list[Held]:
@@ -380,6 +400,21 @@ class IdleWatch:
                     kind = "delivered message" if held.delivered else "running"
                     worst, what = wait, f"kill {stall.kill}: {held.job_id}/{held.key} ({kind})"
         return worst, what
+
+    def takeovers(self) -> tuple[list[float], list[float]]:
+        """The waits of the running steps timed after kills: of those whose lease moved
+        before it would have lapsed (a sweep of the victim's pid space saw its process
+        gone), and of those whose lease moved only after it lapsed (the only way across
+        machines)."""
+        early: list[float] = []
+        late: list[float] = []
+        for stall in self.stalls:
+            for held in stall.held:
+                if held.delivered or held.expires is None or held.step_id not in stall.waits:
+                    continue
+                wait = stall.waits[held.step_id]
+                (early if stall.at + wait < _epoch(held.expires) else late).append(wait)
+        return early, late
 
     def over(self, bound: float) -> list[str]:
         """A line for each step that sat longer than ``bound`` after a kill, with the

@@ -5,11 +5,14 @@ SQLite store and broker, while three workers in turn are SIGKILLed (their whole 
 group) and replaced, each kill once the workers are settled (``Campaign.settled``);
 then every invariant of ``tests.chaos.invariants`` holds, no command outlived its
 worker, no worktree is left, and no step a kill stalled sat longer than a lease before
-its lease moved.
+its lease moved. A third runs two simulated machines on Redis + Postgres, each in a PID
+and mount namespace of its own (``--namespaces``), one kill of two a whole machine's
+crash.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ import pytest
 from tests.chaos.__main__ import measure, parse
 from tests.chaos.campaign import Campaign, backend
 from tests.chaos.invariants import check
+from tests.chaos.namespaces import namespace_problem
 
 pytestmark = pytest.mark.e2e
 
@@ -65,3 +69,52 @@ def test_a_poison_step_is_parked_and_the_other_jobs_complete(tmp_path: Path) -> 
     assert found.violations == [], campaign.log_tail()
     assert (found.jobs, found.completed, found.parked) == (3, 2, 1)
     assert campaign.finished, f"unfinished after {seconds:.0f} s: {campaign.log_tail()}"
+
+
+def test_jobs_complete_across_pid_namespaces(tmp_path: Path) -> None:
+    """Two machines that cannot see each other's processes: no machine's PID namespace
+    shows another's workers, each writes lease tokens of its own pid space, and no step
+    sits longer than a lease and a sweep after a kill, nor after a machine's crash (every
+    process of its namespace killed at once; it boots again in a new one, a new pid
+    space: its steps are taken over only once their lease lapsed)."""
+    problem = namespace_problem()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"PID namespaces are required in CI: {problem}")
+        pytest.skip(problem)
+    args = parse(
+        ["--jobs", "8", "--steps", "3", "--command", "2", "--machines", "2",
+         "--backend", "redis", "--namespaces", "--crash-every", "2", "--kill-every", "2", "4",
+         "--max-kills", "3", "--outage-every", "0", "--seed", "7", "--max-minutes", "3"]
+    )  # fmt: skip
+    with backend("redis", tmp_path) as target:
+        campaign = Campaign(tmp_path, args, target)
+        try:
+            seconds = campaign.run()
+        finally:
+            campaign.stop()
+        found = check(campaign.db, campaign.job_ids, campaign.repos, campaign.homes)
+        found.violations += campaign.namespace_violations()
+        result = measure(campaign, found, seconds)
+        campaign.stop()
+    assert campaign.tally.submit_failures == []
+    assert found.violations == [], campaign.log_tail()
+    assert (found.jobs, found.completed) == (8, 8)
+    assert found.worktrees_left == 0
+    assert (campaign.tally.orphans, campaign.tally.orphans_at_end) == ([], [])
+    assert result.over == [], (result.idle_step, result.unswept)
+    assert result.bound == args.lease + args.sweep
+    assert result.idle <= result.bound
+    assert campaign.finished, f"unfinished after {seconds:.0f} s: {campaign.log_tail()}"
+    # Each machine saw its own workers and none of the other's; their tokens' pid spaces
+    # differ (namespace_violations holds each token to its machine's spaces).
+    seen = campaign.tally.isolation
+    assert seen["m0"]["m0"] > 0, seen
+    assert seen["m1"]["m1"] > 0, seen
+    assert seen["m0"]["m1"] == seen["m1"]["m0"] == 0, seen
+    assert set(result.spaces) == {"m0", "m1"}, result.spaces
+    assert not result.spaces["m0"] & result.spaces["m1"], result.spaces
+    assert len(campaign.tally.kills) >= 2
+    assert campaign.tally.crashes >= 1
+    # A crashed machine came back in a new pid space (a reboot's new boot id).
+    assert sum(len(machine.spaces) for machine in campaign.machines) == 2 + campaign.tally.crashes

@@ -24,3 +24,20 @@ def test_an_app_that_only_asks_the_broker_does_not_redirect_the_tasks(tmp_path: 
     finally:  # the process's own app again, for the tests after this one
         before.set_default()
         before.set_current()
+
+
+def test_the_embedded_broker_is_unpooled(tmp_path: Path) -> None:
+    """A session whose commit failed (a full disk) keeps its connection: pooled, 15 of
+    them stopped the worker ("QueuePool limit"); unpooled, each reconnect has its own."""
+    from sqlalchemy.pool import NullPool
+
+    before = current_app._get_current_object()
+    try:
+        app = create_app(Settings(home=tmp_path / "home"), current=False)
+        with app.connection_for_write() as connection:
+            engine, _ = connection.default_channel._open()
+            assert isinstance(engine.pool, NullPool)
+            connection.default_channel._put("control", {"body": "x"})  # it works
+    finally:
+        before.set_default()
+        before.set_current()
