@@ -121,16 +121,25 @@ def _next_try(
     db: Database, settings: Settings, job_id: str, step_key: str, token: str,
     trouble: Trouble, tries: int, error: str,
 ) -> str:  # fmt: skip
-    """Pause, repair what a repairable ``error`` left, and hand the lease to a new token."""
+    """Pause, repair what a repairable ``error`` left, and hand the lease to a new token.
+
+    The new token keeps the next try's worktrees apart from the failed one's. When the
+    lease cannot be handed over (the database is down), the next try keeps the old
+    token, which still holds the lease (``leases.claim`` takes it again).
+    """
     time.sleep(PAUSES[tries - 1])
-    new = new_token()
-    try:
-        if trouble is Trouble.REPAIRABLE:
+    if trouble is Trouble.REPAIRABLE:
+        try:
             repaired = repair_for(db, settings, job_id, token, error)
             log.info("job %s: repaired before the next try: %s", job_id, repaired or "nothing")
+        except Exception as exc:  # the next try meets the same fault, and is classified again
+            log.warning("job %s: repair before the next try failed: %s", job_id, exc)
+    new = new_token()
+    try:
         hand_over(db, job_id, step_key, token, new)
-    except Exception as exc:  # the next try meets the same fault, and is classified again
-        log.warning("job %s: repair before the next try failed: %s", job_id, exc)
+    except Exception as exc:
+        log.warning("job %s: the lease stays with the failed try's token: %s", job_id, exc)
+        return token
     return new
 
 

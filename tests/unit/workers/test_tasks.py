@@ -103,3 +103,15 @@ def test_a_broker_still_down_after_its_tries_is_left_to_the_sweep(guard: Recorde
     assert guard.repaired == []
     work, _ = failing(BrokerError("refused"))
     assert tasks._guard("j", "s0", work) == "done"
+
+
+def test_a_lease_that_cannot_be_handed_over_stays_with_its_token(
+    guard: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def down(*args: Any) -> bool:
+        raise BrokerError("the database is down too")
+
+    monkeypatch.setattr(tasks, "hand_over", down)
+    work, tokens = failing(GitError("worktree add failed"))
+    assert tasks._guard("j", "s0", work) == "done"
+    assert tokens[0] == tokens[1]  # the next try claims the lease its token still holds
