@@ -9,6 +9,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,16 +32,25 @@ LAST = ("test_chaos.py", "test_disk_full.py")
 """Campaigns whose bounds are timed: they run after the rest, once the machine is quieter."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """End-to-end tests run one at a time on one xdist worker (``--dist loadgroup``).
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """End-to-end tests run one at a time, on one xdist worker; the rest on the others.
 
     They start worker processes and time what those do, so they never share the machine
-    with each other; the other xdist worker takes the unit and integration tests. The
-    timed campaigns come last in their group.
+    with each other. xdist's own ``loadgroup`` cannot say so here: pytest 9 no longer
+    calls the worker hook that gives grouped tests their ids.
     """
-    for item in items:
-        if E2E in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("e2e"))
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EndToEndApart(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return EndToEndApart(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The timed campaigns come last."""
     items.sort(key=lambda item: item.path.name in LAST)
 
 

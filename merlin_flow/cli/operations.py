@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated
 
 import typer
@@ -105,8 +106,17 @@ def flower(
             help="Columns of Flower's tasks page, in order (Flower's --tasks_columns).",
         ),
     ] = FLOWER_COLUMNS,
+    or_idle: Annotated[
+        bool,
+        typer.Option(
+            "--or-idle",
+            help="Where the broker cannot feed Flower (the embedded one), say why and stay "
+            "idle instead of exiting 2: for process managers that stop every process when "
+            "one exits (honcho, the Procfile).",
+        ),
+    ] = False,
 ) -> None:
-    """Run Flower on merlin's Celery app (needs the Redis broker).
+    """Run Flower on merlin's Celery app (needs Redis or RabbitMQ as the broker).
 
     Without --basic-auth, Flower's HTTP API stays closed (unless FLOWER_UNAUTHENTICATED_API
     is set) and the UI binds to 127.0.0.1 only. Flower keeps tasks in memory; job history
@@ -119,10 +129,18 @@ def flower(
 
     settings = get_settings()
     if settings.broker_is_embedded:
-        raise usage_error(
-            "Flower needs the Redis broker (the embedded broker has no event fanout): "
-            "set MERLIN_BROKER_URL=redis://host:6379/0 for the workers and for Flower"
+        why = (
+            "Flower needs Redis or RabbitMQ as the broker (the embedded broker has no event "
+            "fanout): set MERLIN_BROKER_URL=redis://host:6379/0 (or amqp://...) for the "
+            "workers and for Flower"
         )
+        if not or_idle:
+            raise usage_error(why)
+        err_console.print(
+            f"flower not started: {why}; `merlin list` and `merlin watch JOB` show the jobs",
+            highlight=False,
+        )
+        threading.Event().wait()  # until the process manager stops us
     if basic_auth is not None and ":" not in basic_auth.strip(":"):
         raise usage_error("--basic-auth must be user:password")
     from workers.app import app as celery_app

@@ -277,4 +277,4 @@ def test_a_failed_model_call_fails_its_step_task_and_the_job_goes_on(
 def test_flower_refuses_the_embedded_broker(tmp_path: Path) -> None:
     result = merlin(merlin_env(tmp_path / "home"), "flower")
     assert result.returncode == 2
-    assert "Flower needs the Redis broker" in result.stderr
+    assert "Flower needs Redis or RabbitMQ as the broker" in result.stderr
