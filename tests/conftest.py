@@ -28,29 +28,48 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.pop(size, None)
 
 E2E = Path(__file__).parent / "e2e"
-LAST = ("test_chaos.py", "test_disk_full.py")
-"""Campaigns whose bounds are timed: they run after the rest, once the machine is quieter."""
+BESIDE = frozenset(
+    {
+        "test_run.py", "test_docs_scripted_model.py", "test_docs_agents.py", "test_kinds.py",
+        "test_environment.py", "test_requests.py", "test_agents.py", "test_agents_run.py",
+        "test_hostile_output.py", "test_escape.py", "test_model_access.py",
+        "test_model_servers.py",
+    }
+)  # fmt: skip
+"""End-to-end tests that time nothing and kill no worker: they may share the machine."""
+LAST = frozenset(
+    {
+        "test_chaos.py", "test_disk_full.py", "test_prefetch_loss.py", "test_orphan_commands.py",
+        "test_cancel_stops.py", "test_connection_loss.py", "test_worker.py", "test_interrupt.py",
+    }
+)  # fmt: skip
+"""Tests that kill workers and time what follows: last, once the machine is quieter."""
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """End-to-end tests run one at a time, on one xdist worker; the rest on the others.
+    """The end-to-end tests in two runs of their own, one per xdist process.
 
-    They start worker processes and time what those do, so they never share the machine
-    with each other. xdist's own ``loadgroup`` cannot say so here: pytest 9 no longer
-    calls the worker hook that gives grouped tests their ids.
+    They start worker processes, so each run takes them one at a time: the tests that
+    share the machine well (``BESIDE``) on one process, then its share of the unit tests;
+    the others on the other process, those that time what a killed worker leaves
+    (``LAST``) last, when the first run is over. xdist's own ``loadgroup`` cannot say
+    so here: pytest 9 no longer calls the worker hook that gives grouped tests their ids.
     """
     from xdist.scheduler import LoadScopeScheduling
 
     class EndToEndApart(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return "e2e" if nodeid.startswith("tests/e2e/") else nodeid
+            if not nodeid.startswith("tests/e2e/"):
+                return nodeid
+            name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            return "e2e-beside" if name in BESIDE else "e2e"
 
     return EndToEndApart(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The timed campaigns come last."""
+    """The tests that time what a killed worker leaves come last."""
     items.sort(key=lambda item: item.path.name in LAST)
 
 
