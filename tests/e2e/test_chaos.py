@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.__main__ import measure, parse
+from tests.chaos.__main__ import Result, measure, parse
 from tests.chaos.campaign import Campaign, backend
 from tests.chaos.invariants import check
 from tests.chaos.namespaces import namespace_problem
@@ -25,20 +25,32 @@ from tests.chaos.namespaces import namespace_problem
 pytestmark = pytest.mark.e2e
 
 
-def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
-    args = parse(
-        ["--jobs", "8", "--steps", "2", "--workers", "2", "--backend", "sqlite",
-         "--kill-every", "1", "2", "--max-kills", "3", "--seed", "7", "--max-minutes", "3"]
-    )  # fmt: skip
-    with backend("sqlite", tmp_path) as target:
+def run_campaign(tmp_path: Path, argv: list[str]) -> tuple[Campaign, Result]:
+    """A campaign on ``argv``'s backend, checked (poison jobs and namespaces included)."""
+    args = parse(argv)
+    with backend(args.backend, tmp_path) as target:
         campaign = Campaign(tmp_path, args, target)
         try:
             seconds = campaign.run()
         finally:
             campaign.stop()
-        found = check(campaign.db, campaign.job_ids, campaign.repos, campaign.homes)
+        found = check(
+            campaign.db, campaign.job_ids, campaign.repos, campaign.homes, campaign.poisoned
+        )
+        if args.namespaces:
+            found.violations += campaign.namespace_violations()
         result = measure(campaign, found, seconds)
         campaign.stop()
+    return campaign, result
+
+
+def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
+    campaign, result = run_campaign(
+        tmp_path,
+        ["--jobs", "8", "--steps", "2", "--workers", "2", "--backend", "sqlite",
+         "--kill-every", "1", "2", "--max-kills", "3", "--seed", "7", "--max-minutes", "3"],
+    )  # fmt: skip
+    found, seconds = result.findings, result.seconds
     assert len(campaign.tally.kills) == 3
     assert campaign.tally.submit_failures == []
     assert found.violations == [], campaign.log_tail()
@@ -52,20 +64,12 @@ def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
 
 def test_a_poison_step_is_parked_and_the_other_jobs_complete(tmp_path: Path) -> None:
     """A step that kills the process running it at every delivery, with no other kill."""
-    args = parse(
+    campaign, result = run_campaign(
+        tmp_path,
         ["--jobs", "3", "--poison", "1", "--steps", "2", "--workers", "2",
-         "--backend", "sqlite", "--max-kills", "0", "--seed", "8", "--max-minutes", "4"]
+         "--backend", "sqlite", "--max-kills", "0", "--seed", "8", "--max-minutes", "4"],
     )  # fmt: skip
-    with backend("sqlite", tmp_path) as target:
-        campaign = Campaign(tmp_path, args, target)
-        try:
-            seconds = campaign.run()
-        finally:
-            campaign.stop()
-        found = check(
-            campaign.db, campaign.job_ids, campaign.repos, campaign.homes, campaign.poisoned
-        )
-        campaign.stop()
+    found, seconds = result.findings, result.seconds
     assert found.violations == [], campaign.log_tail()
     assert (found.jobs, found.completed, found.parked) == (3, 2, 1)
     assert campaign.finished, f"unfinished after {seconds:.0f} s: {campaign.log_tail()}"
@@ -82,21 +86,14 @@ def test_jobs_complete_across_pid_namespaces(tmp_path: Path) -> None:
         if os.environ.get("CI"):
             pytest.fail(f"PID namespaces are required in CI: {problem}")
         pytest.skip(problem)
-    args = parse(
-        ["--jobs", "8", "--steps", "3", "--command", "2", "--machines", "2",
-         "--backend", "redis", "--namespaces", "--crash-every", "2", "--kill-every", "2", "4",
-         "--max-kills", "3", "--outage-every", "0", "--seed", "7", "--max-minutes", "3"]
-    )  # fmt: skip
-    with backend("redis", tmp_path) as target:
-        campaign = Campaign(tmp_path, args, target)
-        try:
-            seconds = campaign.run()
-        finally:
-            campaign.stop()
-        found = check(campaign.db, campaign.job_ids, campaign.repos, campaign.homes)
-        found.violations += campaign.namespace_violations()
-        result = measure(campaign, found, seconds)
-        campaign.stop()
+    argv = [
+        "--jobs", "8", "--steps", "3", "--command", "2", "--machines", "2",
+        "--backend", "redis", "--namespaces", "--crash-every", "2", "--kill-every", "2", "4",
+        "--max-kills", "3", "--outage-every", "0", "--seed", "7", "--max-minutes", "3",
+    ]  # fmt: skip
+    campaign, result = run_campaign(tmp_path, argv)
+    args = parse(argv)
+    found, seconds = result.findings, result.seconds
     assert campaign.tally.submit_failures == []
     assert found.violations == [], campaign.log_tail()
     assert (found.jobs, found.completed) == (8, 8)
