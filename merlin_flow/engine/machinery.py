@@ -171,21 +171,20 @@ def park_job(
 
 
 def waiting_for_space(db: Database) -> list[str]:
-    """The parked jobs whose last park was for want of space, oldest first."""
+    """The parked jobs whose last park was for want of space, oldest park first."""
     with db.reader() as session:
-        jobs = session.scalars(
-            select(Job.id).where(Job.status == JobStatus.PARKED, Job.finished_at.is_not(None))
+        events = session.scalars(
+            select(Event)
+            .join(Job, Job.id == Event.job_id)
+            .where(
+                Job.status == JobStatus.PARKED,
+                Job.finished_at.is_not(None),
+                Event.kind == EventKind.JOB_PARKED,
+            )
+            .order_by(Event.id)
         ).all()
-        waiting = []
-        for job_id in jobs:
-            event = session.scalars(
-                select(Event)
-                .where(Event.job_id == job_id, Event.kind == EventKind.JOB_PARKED)
-                .order_by(Event.id.desc())
-            ).first()
-            if event is not None and data_of(event, ParkedData)["trouble"] == Trouble.NO_SPACE:
-                waiting.append(job_id)
-        return waiting
+        last = {event.job_id: data_of(event, ParkedData)["trouble"] for event in events}
+    return [job_id for job_id, trouble in last.items() if trouble == Trouble.NO_SPACE]
 
 
 def space_is_back(settings: Settings) -> bool:
