@@ -11,7 +11,6 @@ submitted with.
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -24,8 +23,14 @@ from pydantic import (
     model_validator,
 )
 
+from merlin_flow.config_files import (
+    ConfigFile,
+    Layer,
+    config_files,
+    merge_tables,
+    read_toml,
+)
 from merlin_flow.errors import ConfigError
-from merlin_flow.resources import resource_dir
 from merlin_flow.scripts import load_script
 from merlin_flow.tasklist import StepType
 from merlin_flow.tool_config import (
@@ -41,7 +46,6 @@ from merlin_flow.tool_config import (
     user_sections,
 )
 
-CONFIG_FILE_NAME = "merlin.toml"
 SCRIPTED_PREFIX = "scripted/"
 DEFAULT_MAX_TOKENS = 4096
 """Completion tokens a call may produce when its tier sets no `max_tokens`."""
@@ -78,6 +82,9 @@ class Tier(BaseModel):
     step_types: list[StepType] = Field(default_factory=list)
     """Step types this tier takes (empty: every type). Routing and escalation pass over a
     tier for other types, e.g. a coder model for Feature/Refactor/Test steps only."""
+    context_window: int | None = Field(default=None, ge=1024)
+    """Tokens the model accepts in one request (its input window). Unset: litellm's
+    `max_input_tokens` for the model, else a floor for unmapped models (docs/context.md)."""
 
     @field_validator("model")
     @classmethod
@@ -179,6 +186,9 @@ class Specs(BaseModel):
     """Folders (or files) of Markdown specs, relative to the repository's root."""
     top: int = Field(default=3, ge=1, le=20)
     """How many of the best-scoring specs go with a request."""
+    scorer: Literal["overlap", "tfidf"] = "overlap"
+    """How specs are scored against a request: shared rare words (`overlap`), or TF-IDF
+    cosine similarity (`tfidf`; docs/specs.md)."""
     check: Literal["off", "warn", "enforce"] = "off"
     """The spec check after a step's exit command passes: a model compares the attempt's
     diff with the relevant specs' constraints. `enforce` fails the verification on a
@@ -283,48 +293,58 @@ class MerlinConfig(BaseModel):
 
 
 def load_config(
-    repo: Path | None = None, config_path: Path | None = None, user_home: Path | None = None
+    repo: Path | None = None,
+    config_path: Path | None = None,
+    user_home: Path | None = None,
+    system_file: Path | None = None,
 ) -> MerlinConfig:
-    """Load the defaults, the user's file, then ``config_path`` or ``<repo>/merlin.toml``.
+    """Load the configuration files of ``config_files``, lowest precedence first.
 
-    The user's file is ``<user_home>/merlin.toml`` (``MERLIN_HOME``): its `[permissions]`
-    rules always apply (the project's are added to them), its `[agents]` and
-    `[mcp_servers]` lie under the project's.
+    ``system_file`` (``/etc/merlin/merlin.toml``) may set anything; the user's file
+    (``<user_home>/merlin.toml``, ``MERLIN_HOME``) only `[permissions]`, `[agents]` and
+    `[mcp_servers]`. Their `[permissions]` rules always apply (the overlay's are added to
+    them); their other sections lie under the overlay: ``config_path``, else the
+    repository's file, which may not loosen what steps may do.
     """
-    defaults_file = resource_dir("config") / CONFIG_FILE_NAME
-    data = _read_toml(defaults_file)
-    _resolve_scripted_paths(data, defaults_file.parent)
-    user: dict[str, Any] = {}
-    where: Path | None = None
-    user_file = user_home / CONFIG_FILE_NAME if user_home is not None else None
-    if user_file is not None and user_file.is_file():
-        user = user_sections(_read_toml(user_file), user_file)
-        data = _merge(data, {k: v for k, v in user.items() if k != "permissions"})
-    source: Path | None = None
-    if config_path is not None:
-        source = config_path.expanduser().resolve()
-        if not source.is_file():
-            raise ConfigError(f"config file not found: {config_path}")
-    elif repo is not None and (repo / CONFIG_FILE_NAME).is_file():
-        source = (repo / CONFIG_FILE_NAME).resolve()
+    if config_path is not None and not config_path.expanduser().is_file():
+        raise ConfigError(f"config file not found: {config_path}")
+    files = [f for f in config_files(repo, config_path, user_home, system_file) if f.read]
+    data: dict[str, Any] = {}
+    site_rules: list[tuple[Path, dict[str, Any]]] = []  # the system's, then the user's
+    source: ConfigFile | None = None
+    origin: dict[tuple[str, ...], Path] = {}  # which file set each section and key last
+    for file in files:
+        layer = read_toml(file.path)
+        if file.layer is Layer.USER:
+            layer = user_sections(layer, file.path)
+        if file.layer in (Layer.SYSTEM, Layer.USER) and "permissions" in layer:
+            site_rules.append((file.path, layer.pop("permissions")))
+        if file.layer is Layer.REPOSITORY:
+            refuse_loosening(layer, _strictest(site_rules), file.path)
+        _resolve_scripted_paths(layer, file.path.parent)
+        if "tiers" in layer and "routing" not in layer:
+            data.pop("routing", None)  # the routing beneath names the tiers beneath
+        data = merge_tables(data, layer)
+        for key, value in layer.items():
+            origin[(key,)] = file.path
+            if isinstance(value, dict):
+                origin.update({(key, inner): file.path for inner in value})
+        if file.layer in (Layer.CONFIG, Layer.REPOSITORY):
+            source = file
     if source is not None:
-        overlay = _read_toml(source)
-        if config_path is None:
-            refuse_loosening(overlay, user, source)
-        _resolve_scripted_paths(overlay, source.parent)
-        if "tiers" in overlay and "routing" not in overlay:
-            data.pop("routing", None)  # the defaults' routing names the defaults' tiers
-        data = _merge(data, overlay)
-        data["source"] = str(source)
-    prefix: list[str] = []
+        data["source"] = str(source.path)
+    where, prefix = files[-1].path, []
     try:
         config = MerlinConfig.model_validate(data)
-        if "permissions" in user:
-            where, prefix = user_file, ["permissions"]
-            mine = PermissionRules.model_validate(user["permissions"])
-            config.permissions = merge_rules(mine, config.permissions)
+        for path, rules in reversed(site_rules):  # the user's under the overlay's, then
+            where, prefix = path, ["permissions"]  # the system's under both
+            config.permissions = merge_rules(
+                PermissionRules.model_validate(rules), config.permissions
+            )
     except ValidationError as exc:
-        where = where or source or defaults_file
+        if not prefix:
+            loc = tuple(str(part) for part in exc.errors()[0]["loc"])
+            where = origin.get(loc[:2], origin.get(loc[:1], where))
         problems = "\n".join(
             f"  {'.'.join(str(p)[:60] for p in [*prefix, *err['loc']])}: "
             f"{err['msg'].removeprefix('Value error, ')}"
@@ -333,6 +353,12 @@ def load_config(
         raise ConfigError(f"{where}: invalid configuration\n{problems}") from None
     check_scripted_files(config)
     return config
+
+
+def _strictest(site_rules: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """What ``refuse_loosening`` compares a repository's file with: the site's rules."""
+    denies = any(isinstance(r, dict) and r.get("default") == "deny" for _, r in site_rules)
+    return {"permissions": {"default": "deny"}} if denies else {}
 
 
 def check_scripted_files(config: MerlinConfig) -> None:
@@ -351,20 +377,6 @@ def scripts_inside(config: MerlinConfig, folder: Path) -> list[Path]:
     return [script for script in scripts if script.is_relative_to(folder.resolve())]
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: malformed TOML: {exc}") from None
-    except UnicodeDecodeError as exc:  # TOML is UTF-8
-        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a merlin.toml") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
-
-
 def _resolve_scripted_paths(data: dict[str, Any], base: Path) -> None:
     """Make ``scripted/<relative path>`` models absolute, relative to the config's folder."""
     tiers = data.get("tiers")
@@ -379,13 +391,3 @@ def _resolve_scripted_paths(data: dict[str, Any], base: Path) -> None:
             except (RuntimeError, ValueError, OSError) as exc:  # ~nobody/, a NUL byte...
                 raise ConfigError(f"tier model {model!r} is not a usable path: {exc}") from None
             tier["model"] = SCRIPTED_PREFIX + str(script)
-
-
-def _merge(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return merged

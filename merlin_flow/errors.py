@@ -10,11 +10,13 @@ The tree is shallow and split by who must act::
     │   ├── JobNotFoundError     no job has the given id
     │   ├── SandboxUnavailable   the configured sandbox (bwrap) cannot run here
     │   ├── AgentFileError       an agent file is invalid, or its imports form a cycle
-    │   └── NoModelAvailable     no configured tier has its credentials or server
+    │   ├── NoModelAvailable     no configured tier has its credentials or server
+    │   └── PlanRefused          a GitHub thread's plan block is missing, altered or foreign
     ├── StoreError               the database cannot be used (schema not upgraded...)
     │   └── RecordInDoubt        a write's connection was lost: whether it landed is unknown
     ├── GitError                 a git command failed unexpectedly
     │   └── RemoteUnavailable    a job's git remote cannot be reached (retried later)
+    ├── GitHubError              the GitHub API refused or failed a call
     ├── SetupFailed              the project's environment could not be built (job fails)
     ├── DiskFull                 no space left under MERLIN_HOME: the step waits for space
     ├── StepFailure              a run failure of one attempt, recorded on the attempt
@@ -77,6 +79,10 @@ class NoModelAvailable(InputError):
     """No configured tier has its credentials or its server: no attempt could succeed."""
 
 
+class PlanRefused(InputError):
+    """A GitHub thread's plan block is missing, unsigned, signed with another key or altered."""
+
+
 class StoreError(MerlinError):
     """The database is unreachable or its schema is not at the current revision."""
 
@@ -95,6 +101,10 @@ class GitError(MerlinError):
 
 class RemoteUnavailable(GitError):
     """A job's git remote did not answer after retries; the task is recovered later."""
+
+
+class GitHubError(MerlinError):
+    """The GitHub API refused or failed a call (a token without the permission, a 5xx)."""
 
 
 class SetupFailed(MerlinError):

@@ -13,6 +13,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from merlin_flow.config_files import SYSTEM_CONFIG
+
 
 class Settings(BaseSettings):
     """Where merlin_flow keeps its state and how often its background work runs."""
@@ -36,6 +38,9 @@ class Settings(BaseSettings):
     min_free_mb: float = Field(default=50.0, ge=0)
     """MERLIN_MIN_FREE_MB: free space under MERLIN_HOME below which a step does not start
     (its job is parked, waiting for space) and at which a job parked for space resumes."""
+    system_config: Path = SYSTEM_CONFIG
+    """MERLIN_SYSTEM_CONFIG: the system's merlin.toml, read by every command that loads a
+    configuration, beneath the user's and the project's (see docs/reference.md)."""
     uv_cache_dir: Path | None = None
     """MERLIN_UV_CACHE_DIR: uv's package cache for environment setup; default
     $MERLIN_HOME/cache/uv (shared by setups only, never mounted into a step)."""

@@ -297,9 +297,8 @@ class Environment(BaseModel):
     setup_timeout: float = Field(default=1800.0, gt=0)
     """Seconds the whole setup may take before it fails."""
     attempt_network: bool = False
-    """Give the network to a build for dependency files a step changed (its build code is
-    the model's); off, such a build works from the package caches only. Only a --config
-    file may turn it on."""
+    """Give the network to a build for dependency files a step changed (its code is the
+    model's); off, it works from the package caches. Only a --config file turns it on."""
 
 
 class AgentSettings(BaseModel):
@@ -313,6 +312,8 @@ class AgentSettings(BaseModel):
     """Give a step that names no agent the one whose description best matches it."""
     min_score: float = Field(default=0.2, ge=0, le=1)
     """The lowest match score autodelegation accepts; below it, the default agent."""
+    citations: Literal["check", "enforce"] = "check"
+    """How `path:line` citations are checked: marked, or enforced (docs/context.md)."""
 
 
 class McpServer(BaseModel):
@@ -378,7 +379,9 @@ def refuse_loosening(overlay: dict[str, Any], user: dict[str, Any], source: Path
     user_default = _table(user, "permissions").get("default")
     allows = _table(overlay, "permissions").get("allow")
     if user_default == "deny" and allows:
-        problems.append('[permissions] allow (the user\'s file sets default = "deny")')
+        problems.append(
+            '[permissions] allow (the system\'s or your own file sets default = "deny")'
+        )
     servers = _table(overlay, "mcp_servers")
     remote = [n for n, s in servers.items() if isinstance(s, dict) and s.get("url") is not None]
     if remote:

@@ -19,8 +19,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 # MERLIN_HOME, database or broker.
 os.environ["MERLIN_HOME"] = tempfile.mkdtemp(prefix="merlin-tests-home-")
 atexit.register(shutil.rmtree, os.environ["MERLIN_HOME"], ignore_errors=True)
-for own in ("MERLIN_DATABASE_URL", "MERLIN_BROKER_URL"):
+for own in ("MERLIN_DATABASE_URL", "MERLIN_BROKER_URL", "MERLIN_CONFIG"):
     os.environ.pop(own, None)
+# This machine's own /etc/merlin/merlin.toml is not the tests' business: a test that wants
+# a system file sets MERLIN_SYSTEM_CONFIG itself.
+os.environ["MERLIN_SYSTEM_CONFIG"] = os.path.join(os.environ["MERLIN_HOME"], "etc-merlin.toml")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # xdist gives its workers the terminal's size; the tests (and the merlin processes
     # they start) print as they would without it, unwrapped when not on a terminal.
@@ -33,7 +36,8 @@ BESIDE = frozenset(
         "test_run.py", "test_docs_scripted_model.py", "test_docs_agents.py", "test_kinds.py",
         "test_environment.py", "test_requests.py", "test_agents.py", "test_agents_run.py",
         "test_hostile_output.py", "test_escape.py", "test_model_access.py",
-        "test_model_servers.py",
+        "test_model_servers.py", "test_rabbitmq.py", "test_wheel.py", "test_image_commands.py",
+        "test_github.py", "test_workflow_steps.py", "test_dashboard.py",
     }
 )  # fmt: skip
 """End-to-end tests that time nothing and kill no worker: they may share the machine."""

@@ -6,7 +6,12 @@ the rules real servers hold and litellm's own mocks do not:
 
 - an assistant message must carry a string ``content`` (llama.cpp's chat templates fail
   on a missing or null one: HTTP 500, as the real server answers);
-- with ``api_key`` set, a request without ``Authorization: Bearer <api_key>`` gets 401.
+- with ``api_key`` set, a request without ``Authorization: Bearer <api_key>`` gets 401;
+- with ``window`` set, it counts each request's prompt tokens its own way (the JSON of
+  its messages and tools, ``CHARS_PER_TOKEN`` characters a token: more than merlin's
+  tokenizers count, as a model with an unknown tokenizer would), reports that count as
+  the usage's ``prompt_tokens``, and refuses a request over the window with HTTP 400 and
+  OpenAI's "maximum context length" message, as vLLM and llama.cpp do.
 
 With an empty queue it answers a plain "done" message.
 """
@@ -14,9 +19,11 @@ With an empty queue it answers a plain "done" message.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -69,12 +76,25 @@ class Request:
     body: dict[str, Any]
 
 
+CHARS_PER_TOKEN = 3.5
+"""How the server counts prompt tokens when it enforces a window."""
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The server's count of a request's prompt: its messages and tools as JSON."""
+    text = json.dumps(body.get("messages", [])) + json.dumps(body.get("tools", []))
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
 @dataclass
 class ModelServer:
     """The server; use as a context manager, then read ``url`` and ``requests``."""
 
     model: str = "tiny-model"
     api_key: str | None = None
+    window: int | None = None
+    respond: Callable[[dict[str, Any]], Reply | None] | None = None
+    """Answers a request's body itself when it returns a reply (before the queue)."""
     replies: deque[Reply] = field(default_factory=deque)
     requests: list[Request] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
@@ -109,12 +129,22 @@ class ModelServer:
         for message in request.body.get("messages", []):
             if message.get("role") == "assistant" and not isinstance(message.get("content"), str):
                 return 500, _error_body("chat template: assistant content must be a string")
-        reply = self.replies.popleft() if self.replies else text("done")
+        counted = prompt_tokens(request.body) if self.window is not None else None
+        if self.window is not None and counted is not None and counted > self.window:
+            return 400, _error_body(
+                f"This model's maximum context length is {self.window} tokens. However, your "
+                f"messages resulted in {counted} tokens.",
+                "context_length_exceeded",
+            )
+        reply = self.respond(request.body) if self.respond is not None else None
+        if reply is None:
+            reply = self.replies.popleft() if self.replies else text("done")
         if reply.delay:
             time.sleep(reply.delay)
         if reply.status != 200:
             return reply.status, _error_body(reply.error)
         prompt, completion = reply.usage
+        prompt = counted if counted is not None else prompt
         return 200, {
             "id": f"chatcmpl-{len(self.requests)}",
             "object": "chat.completion",

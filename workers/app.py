@@ -4,6 +4,15 @@ Settings that make delivery safe for long, expensive steps: late acks, requeue w
 pool process dies, one message reserved per process, and results ignored (job state
 lives in merlin's store, not in a Celery result backend).
 
+On RabbitMQ a task's message is acknowledged when the task starts instead: RabbitMQ
+closes the channel of a consumer that holds a message unacknowledged for longer than its
+``consumer_timeout`` (30 minutes by default), and a step may run for longer. A started
+step is held by its lease in merlin's store, which the recovery sweep takes over if its
+worker dies, so the message has done its work. A message that waits on a busy worker
+can still time out; the channel error then restarts the worker's consumer
+(``broker_channel_error_retry``) instead of ending the worker, and RabbitMQ gives the
+message to another consumer.
+
 On the embedded ``sqla+sqlite`` broker the polling interval must be set on the transport
 class: kombu passes ``broker_transport_options`` to ``create_engine`` and a
 ``polling_interval`` there crashes the worker.
@@ -15,6 +24,7 @@ from celery import Celery
 from sqlalchemy.pool import NullPool
 
 from merlin_flow.settings import Settings, get_settings
+from merlin_flow.store import Database
 from workers.tasks import ALL_QUEUES, QUEUES
 
 # Redis: a step may run for many minutes; its message must not be redelivered meanwhile.
@@ -50,8 +60,10 @@ def create_app(settings: Settings | None = None, current: bool = True) -> Celery
             "health_check_interval": 25,
             "socket_keepalive": True,
         }
+    on_rabbitmq = settings.broker.startswith(("amqp://", "amqps://", "pyamqp://"))
     app.conf.update(
-        task_acks_late=True,
+        task_acks_late=not on_rabbitmq,
+        broker_channel_error_retry=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         task_ignore_result=True,
@@ -87,6 +99,29 @@ def create_app(settings: Settings | None = None, current: bool = True) -> Celery
 
 
 app = create_app()
+
+
+def publish_job(db: Database, job_id: str) -> str | None:
+    """Publish what is left of ``job_id`` through merlin's app.
+
+    The tasks are shared, so they go through the current Celery app: a process that has
+    not made merlin's app current (the dashboard, a script) would publish them to
+    Celery's default broker instead. Returns why the broker refused them, or None. The
+    job is recorded already, so a refusal loses nothing: a worker's recovery sweep
+    publishes a queued step whose message is missing.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from workers.canvas import PUBLISH_ERRORS, enqueue_job
+
+    app.set_default()
+    app.set_current()  # this thread's, which Celery reads before the default
+    try:
+        enqueue_job(db, job_id)
+    except (SQLAlchemyError, *PUBLISH_ERRORS) as exc:
+        return (str(exc).splitlines() or [type(exc).__name__])[0]
+    return None
+
 
 # Connect the worker's signal hooks (litellm preload, recovery sweeper).
 from workers import roles as _roles  # noqa: E402, F401

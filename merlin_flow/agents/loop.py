@@ -23,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from merlin_flow.agents.condense import Condensation
+from merlin_flow.agents.context_window import MAP_HEADING, AttemptContext
 from merlin_flow.config import Limits, Tier
 from merlin_flow.errors import AgentError, BudgetExceeded, ModelUnreachable
 from merlin_flow.failures import Action, Failure, FailureKind, decide
-from merlin_flow.models.diagnosis import ModelFailure, examine, retry_after
+from merlin_flow.models.diagnosis import CONTEXT_EXCEEDED, ModelFailure, examine, retry_after
 from merlin_flow.models.endpoints import describe
 from merlin_flow.models.llm import Completion, ModelCall, complete
 from merlin_flow.tools.text_calls import text_tool_calls
@@ -67,6 +69,8 @@ class StepBrief:
     """The repository's instructions to coding agents (its AGENTS.md); empty: none."""
     instructions_file: str = ""
     """The file ``instructions`` came from, as the prompt names it (default AGENTS.md)."""
+    repo_map: str = ""
+    """The repository map ranked towards the step (``merlin_flow.workspace.repo_map``)."""
 
 
 ROLE_HEADING = "Your role:"
@@ -76,6 +80,8 @@ SKIPPED = "not run: finish came first and ended the attempt"
 MAX_KEPT_CHARS = 120_000
 """Longest reply text, call arguments or tool answer the conversation keeps whole (above
 the file tools' own ``MAX_READ_CHARS``, so that their replies keep their notes)."""
+MAX_NAME_KEPT = 200
+"""Longest tool name a kept call repeats (a hostile model's is cut)."""
 MAX_CALLS_PER_REPLY = 50
 """Most tool calls of one reply that are run; the others are answered ``TOO_MANY``."""
 TOO_MANY = f"not run: a reply may make at most {MAX_CALLS_PER_REPLY} tool calls"
@@ -103,6 +109,8 @@ def first_messages(brief: StepBrief, feedback: str | None) -> list[dict[str, Any
         lines += ["", "Constraints from the project's specs:", brief.constraints]
     if feedback:
         lines += ["", "Earlier attempts at this step failed:", feedback]
+    if brief.repo_map:  # last: the first thing a refusal for length drops
+        lines += ["", MAP_HEADING, brief.repo_map]
     user = "\n".join(line for line in lines if line).strip()
     return [
         {"role": "system", "content": system_prompt(brief)},
@@ -149,6 +157,7 @@ def run_agent(
     sleep: Callable[[float], None] = time.sleep,
     transcript: list[dict[str, Any]] | None = None,
     on_progress: Callable[[list[dict[str, Any]]], None] = lambda _messages: None,
+    on_condense: Callable[[Condensation], None] = lambda _condensation: None,
 ) -> AgentResult:
     """Converse with ``tier``'s model until it stops calling tools.
 
@@ -156,6 +165,7 @@ def run_agent(
     (the journal); ``check_alive()`` runs before each call and each tool call, and may
     raise to stop the attempt. ``on_progress(messages)`` is given the conversation after
     each reply (before its tools run) and after its tools ran: what a live view shows.
+    ``on_condense`` is told of each condensation (``merlin_flow.agents.condense``).
     A transiently failing call is retried on the same tier as ``limits`` says
     (``merlin_flow.failures.decide``). Raises AgentError when the model fails for
     good or the turn limit is reached, BudgetExceeded when the budget stops the job.
@@ -172,6 +182,7 @@ def run_agent(
         call_model=call_model,
         sleep=sleep,
         on_progress=on_progress,
+        on_condense=on_condense,
     )
 
 
@@ -186,29 +197,42 @@ def converse(
     call_model: ModelCall = complete,
     sleep: Callable[[float], None] = time.sleep,
     on_progress: Callable[[list[dict[str, Any]]], None] = lambda _messages: None,
+    on_condense: Callable[[Condensation], None] = lambda _condensation: None,
 ) -> AgentResult:
-    """The loop of ``run_agent`` from ``messages`` on, offering the toolbox's tools only."""
+    """The loop of ``run_agent`` from ``messages`` on.
+
+    It offers the toolbox's tools and the context's own (``read_output``, ``todo``) only.
+    Every request fits the tier's window: tool answers are bounded and the conversation
+    condensed (``AttemptContext``). ``on_progress`` and, at the end, ``messages`` hold the
+    whole conversation: what was condensed, each condensation's note, what followed.
+    """
     limits = limits or Limits()
-    schemas = toolbox.schemas
-    for turn in range(limits.max_turns):
-        reply = _call(
-            tier, messages, turn, limits, on_call, check_alive, call_model, sleep, schemas
-        )
-        message, calls = reply.message, reply.tool_calls
-        if not calls:
-            calls = text_tool_calls(message.get("content"), toolbox.names, f"text-{turn}")
-            if calls:  # carried as real calls, so that providers accept their answers
-                message = {**message, "tool_calls": calls}
-        messages.append(kept(message))
-        on_progress(messages)
-        text = str(message.get("content") or "").strip()
-        if not calls:
-            return AgentResult(summary=text, turns=turn + 1)
-        summary = _run_calls(calls, toolbox, messages, turn, check_alive)
-        on_progress(messages)
-        if summary is not None:
-            return AgentResult(summary=summary or text, turns=turn + 1, finished=True)
-    raise AgentError(f"turn limit reached: {limits.max_turns} model replies without finishing")
+    context = AttemptContext(tier, toolbox, call_model, on_call, on_condense)
+    try:
+        for turn in range(limits.max_turns):
+            context.before_request(messages, turn)
+            reply = _call(
+                tier, messages, turn, limits, on_call, check_alive, call_model, sleep, context
+            )
+            context.after_reply(reply)
+            message, calls = reply.message, reply.tool_calls
+            if not calls:
+                calls = text_tool_calls(message.get("content"), toolbox.names, f"text-{turn}")
+                if calls:  # carried as real calls, so that providers accept their answers
+                    message = {**message, "tool_calls": calls}
+            messages.append(kept(context.kept_reply(message, MAX_KEPT_CHARS)))
+            on_progress(context.record(messages))
+            text = str(message.get("content") or "").strip()
+            if not calls:
+                return AgentResult(summary=text, turns=turn + 1)
+            summary = _run_calls(calls, toolbox, messages, turn, check_alive, context.bound)
+            on_progress(context.record(messages))
+            context.settle(messages)
+            if summary is not None:
+                return AgentResult(summary=summary or text, turns=turn + 1, finished=True)
+        raise AgentError(f"turn limit reached: {limits.max_turns} model replies without finishing")
+    finally:  # the record keeps the whole conversation, not what condensation left of it
+        messages[:] = context.record(messages)
 
 
 def _run_calls(
@@ -217,10 +241,12 @@ def _run_calls(
     messages: list[dict[str, Any]],
     turn: int,
     check_alive: Callable[[], None],
+    bound: Callable[[str, str], str],
 ) -> str | None:
     """Run a reply's calls in order and answer each; the summary if `finish` was one.
 
-    Calls after an accepted `finish` are not run; they are answered as skipped.
+    Each answer is kept as ``bound(answer, tool)`` says. Calls after an accepted `finish`
+    are not run; they are answered as skipped.
     """
     for index, call in enumerate(calls):
         call = call if isinstance(call, dict) else {}
@@ -231,8 +257,9 @@ def _run_calls(
         function = call.get("function")
         function = function if isinstance(function, dict) else {}
         name, arguments = function.get("name", ""), function.get("arguments") or "{}"
-        output = _cut(toolbox.call(name, arguments, turn=turn))
-        messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": output})
+        output = toolbox.call(name, arguments, turn=turn)
+        kept_output = bound(_cut(output), str(name))
+        messages.append({"role": "tool", "tool_call_id": call.get("id"), "content": kept_output})
         if name == FINISH and output == FINISHED:
             for later in calls[index + 1 :]:
                 later_id = later.get("id") if isinstance(later, dict) else None
@@ -262,17 +289,25 @@ def _cut(text: str) -> str:
 
 
 def _long_arguments(call: object) -> bool:
+    """Whether a call's arguments (or its name) are too long to keep."""
     function = call.get("function") if isinstance(call, dict) else None
     arguments = function.get("arguments") if isinstance(function, dict) else None
-    return isinstance(arguments, str) and len(arguments) > MAX_KEPT_CHARS
+    name = function.get("name") if isinstance(function, dict) else None
+    long_name = isinstance(name, str) and len(name) > MAX_NAME_KEPT
+    return long_name or (isinstance(arguments, str) and len(arguments) > MAX_KEPT_CHARS)
 
 
 def _kept_call(call: Any) -> Any:
     if not _long_arguments(call):
         return call
-    arguments = call["function"]["arguments"]
-    note = f"cut by merlin: arguments of {len(arguments)} characters, not kept"
-    return {**call, "function": {**call["function"], "arguments": json.dumps({"merlin": note})}}
+    function = dict(call["function"])
+    arguments, name = function.get("arguments"), function.get("name")
+    if isinstance(name, str) and len(name) > MAX_NAME_KEPT:
+        function["name"] = name[:MAX_NAME_KEPT]
+    if isinstance(arguments, str) and len(arguments) > MAX_KEPT_CHARS:
+        note = f"cut by merlin: arguments of {len(arguments)} characters, not kept"
+        function["arguments"] = json.dumps({"merlin": note})
+    return {**call, "function": function}
 
 
 def _call(
@@ -284,18 +319,20 @@ def _call(
     check_alive: Callable[[], None],
     call_model: ModelCall,
     sleep: Callable[[float], None],
-    schemas: list[dict[str, Any]],
+    context: AttemptContext,
 ) -> Completion:
     """One model turn: a request, retried while its failures are transient.
 
     Each request is one HTTP request, journaled by ``on_call``. The turn as a whole,
     waits included, lasts at most ``limits.turn_timeout``: each request gets what is left
     of it (at most the tier's own timeout). A 5xx that recurs, word for word, on the same
-    request is the server's answer to it, not bad luck: it ends the attempt.
+    request is the server's answer to it, not bad luck: it ends the attempt. A request
+    refused as too long for the window is condensed and sent again, once.
     """
     deadline = time.monotonic() + limits.turn_timeout
     retries = 0
     last: ModelFailure | None = None
+    condensed = False
     while True:
         check_alive()
         left = deadline - time.monotonic()
@@ -303,7 +340,7 @@ def _call(
             raise AgentError(_out_of_time(tier, limits, retries, last))
         bounded = tier if tier.timeout <= left else tier.model_copy(update={"timeout": left})
         try:
-            reply = call_model(bounded, messages, schemas)
+            reply = call_model(bounded, messages, context.schemas)
         except BudgetExceeded:
             raise  # refused before the call: nothing was sent, nothing to journal
         except Exception as exc:  # every model error is expected input, never a crash
@@ -316,6 +353,10 @@ def _call(
                     failure.detail,
                 )  # fmt: skip
             last = failure
+            if failure.what == CONTEXT_EXCEEDED and not condensed:
+                condensed = True  # our count was low: condense harder and ask again, once
+                context.overflowed(messages)
+                continue
             decision = decide(
                 Failure(failure.kind, failure.reason),
                 tier_index=0,

@@ -106,6 +106,14 @@ def home() -> Path:
     return get_settings().home_dir
 
 
+def config_places() -> tuple[Path, Path]:
+    """MERLIN_HOME and the system's merlin.toml: where ``load_config`` looks beside a project."""
+    from merlin_flow.settings import get_settings
+
+    settings = get_settings()
+    return settings.home_dir, settings.system_config
+
+
 def load_catalog(repo: str) -> tuple[Path, AgentCatalog]:
     """The repository's root, and every agent of the three scopes as seen from it."""
     from merlin_flow.agents.definitions import load_agents

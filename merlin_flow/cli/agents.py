@@ -1,9 +1,8 @@
 """``merlin agents``: the agent files in effect, shown, created, edited, removed, installed, run.
 
 Agents are Markdown files with YAML front matter (``merlin_flow.agents.definitions``): the
-project's in ``<repo>/.merlin/agents/``, the user's in ``$MERLIN_HOME/agents/``, and the
-builtin starter agents. Only the project and user scopes are written to. ``run`` works
-one step with an agent as ``merlin run`` works a job (``merlin_flow.jobs.agent_runs``).
+project's in ``<repo>/.merlin/agents/`` and the user's in ``$MERLIN_HOME/agents/`` (written
+to), the builtin starter agents. ``run`` works one step as ``merlin run`` works a job.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from merlin_flow.cli.agent_places import (
     RunRepoOption,
     ScopeOption,
     WritableScope,
+    config_places,
     files_of,
     folder,
     home,
@@ -322,7 +322,7 @@ def run(
 
         root, catalog = load_catalog(repo)
         agent = catalog.get(name)
-        merged = load_config(root, config, home())
+        merged = load_config(root, config, *config_places())
         if not dry_run:
             for warning in agent.warnings:
                 warn(f"{agent.file}: {warning}")

@@ -13,7 +13,17 @@ import typer
 from typer.core import TyperGroup
 
 from merlin_flow import __version__
-from merlin_flow.cli import agents, approval, inspecting, operations, planning, pruning, starting
+from merlin_flow.cli import (
+    agents,
+    approval,
+    github,
+    inspecting,
+    operations,
+    planning,
+    pruning,
+    starting,
+    ui,
+)
 from merlin_flow.cli.common import Command, console, err_console
 
 # Plain help, as git and pip print it: `--json` with no `<bool>` after it, paragraphs
@@ -93,6 +103,8 @@ for command, name in (
     (pruning.prune, None),
     (starting.resume, None),
     (inspecting.logs, None),
+    (github.github, None),
+    (ui.ui, None),
 ):
     app.command(name, cls=Command)(command)
 db_app.command("upgrade", cls=Command)(operations.db_upgrade)

@@ -58,7 +58,12 @@ RepoOption = Annotated[
     ),
 ]
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="merlin.toml to use instead of <repo>/merlin.toml.")
+    Path | None,
+    typer.Option(
+        "--config",
+        envvar="MERLIN_CONFIG",
+        help="merlin.toml to use instead of <repo>/merlin.toml (trusted: it may loosen).",
+    ),
 ]
 BudgetOption = Annotated[
     float | None,

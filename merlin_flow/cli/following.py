@@ -32,16 +32,10 @@ def enqueue(db: Database, job_id: str) -> None:
     worker's recovery sweep publishes a queued step whose message is missing), so this
     warns instead of failing a command whose job exists.
     """
-    from sqlalchemy.exc import SQLAlchemyError
+    from workers.app import publish_job
 
-    from workers.app import app as celery_app
-    from workers.canvas import PUBLISH_ERRORS, enqueue_job
-
-    celery_app.set_default()
-    try:
-        enqueue_job(db, job_id)
-    except (SQLAlchemyError, *PUBLISH_ERRORS) as exc:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+    reason = publish_job(db, job_id)
+    if reason is not None:
         err_console.print(
             f"[yellow]warning: job {job_id} is recorded, but its tasks could not be "
             f"published ({escape(reason)}): a worker's recovery sweep will publish them "
@@ -182,13 +176,14 @@ def stop_waiting_on_interrupt(job_id: str) -> Iterator[None]:
 
 def no_worker_notice(db: Database, job_id: str | None = None) -> str | None:
     """What to say when no live worker serves merlin's queues (None for an ended job)."""
-    from merlin_flow.engine.presence import no_worker_notice as notice
     from merlin_flow.jobs.views import job_view
+
+    if job_id is not None and job_view(db, job_id)["finished_at"] is not None:
+        return None  # nothing to wait for: no need of the workers' queues (nor of Celery)
+    from merlin_flow.engine.presence import no_worker_notice as notice
     from merlin_flow.settings import get_settings
     from workers.tasks import ALL_QUEUES
 
-    if job_id is not None and job_view(db, job_id)["finished_at"] is not None:
-        return None
     return notice(db, get_settings(), tuple(ALL_QUEUES))
 
 

@@ -29,7 +29,6 @@ def status(
     """Show a job: status, steps, tiers, attempts, exit codes."""
 
     def work() -> None:
-        from merlin_flow.cli.render import steps_table
         from merlin_flow.jobs.views import job_view
 
         _, db = state()
@@ -37,13 +36,16 @@ def status(
         if as_json:
             console.print_json(json.dumps(view))
             return
+        from merlin_flow.cli.render import steps_table
+
         if view["request"] is not None:
             from merlin_flow.cli.approval import describe_request
 
             describe_request(db, view)
             if not view["steps"]:
                 return
-        waiting = no_worker_notice(db, job_id)
+        # Only a job still running waits for the workers (and needs their queues' names).
+        waiting = no_worker_notice(db) if view["finished_at"] is None else None
         console.print(steps_table(view, plain=not console.is_terminal, stalled=bool(waiting)))
         if waiting:
             console.print(f"[yellow]{escape(waiting)}[/]", highlight=False)
@@ -94,7 +96,6 @@ def list_(
     """List recent jobs, newest first."""
 
     def work() -> None:
-        from merlin_flow.cli.render import jobs_table
         from merlin_flow.jobs.views import list_jobs
 
         statuses = job_statuses(status or [])
@@ -103,6 +104,8 @@ def list_(
         if as_json:
             console.print_json(json.dumps(jobs))
         else:
+            from merlin_flow.cli.render import jobs_table
+
             console.print(jobs_table(jobs))
 
     guarded(work)
@@ -218,6 +221,7 @@ def doctor(
         from rich.text import Text
 
         from merlin_flow.config import load_config
+        from merlin_flow.config_files import config_files
         from merlin_flow.jobs.doctor import Verdict, run_checks
         from merlin_flow.settings import get_settings
         from merlin_flow.workspace.git import find_repository
@@ -226,9 +230,10 @@ def doctor(
 
         top = find_repository(repo) if repo is not None else None
         settings = get_settings()
-        loaded = load_config(top, config, settings.home_dir)
+        loaded = load_config(top, config, settings.home_dir, settings.system_config)
+        files = config_files(top, config, settings.home_dir, settings.system_config)
         probe = create_app(settings, current=False)  # asks the broker, publishes nothing
-        checks = run_checks(settings, loaded, top, lambda: broker_report(probe))
+        checks = run_checks(settings, loaded, top, lambda: broker_report(probe), files)
         failed = any(check.verdict is Verdict.FAIL for check in checks)
         if as_json:
             console.print_json(json.dumps([check.as_dict() for check in checks]))

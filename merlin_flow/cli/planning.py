@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -24,10 +23,6 @@ if TYPE_CHECKING:
 
     from merlin_flow.config import MerlinConfig
     from merlin_flow.tasklist import TaskList
-
-N = TypeVar("N", int, float)
-UNKNOWN = "unknown"
-"""What the plan's preview says for an estimate it does not have."""
 
 
 def plan(
@@ -61,11 +56,12 @@ def plan(
         if not request.strip():
             raise InputError("the request is empty: say what to do")
         check_report_paths(out)
-        repository = repository_for_input(repo, get_settings())
+        settings = get_settings()
+        repository = repository_for_input(repo, settings)
         with refusals_as_input_errors(repository):
             base = repository.base_commit()
         with repository.files_at(base) as files:
-            merlin_config = load_config(files, config, get_settings().home_dir)
+            merlin_config = load_config(files, config, settings.home_dir, settings.system_config)
         made = make_plan(
             request, merlin_config, request_context(repository, base, merlin_config, request)
         )
@@ -113,66 +109,20 @@ def plan_table(
     from rich.table import Table
     from rich.text import Text
 
-    from merlin_flow.planning.routing import start_tier
+    from merlin_flow.jobs.plan_preview import how_planned, plan_rows
 
     if record.get("kind") == "question" or tasklist is None:
         return Text(f"a question ({record.get('reason')}): it is answered, not planned")
-    if record["fallback"]:
-        how = Text(
-            "FALLBACK: the planner's answer could not be used, so the plan is one step "
-            "carrying the whole request. Problems: "
-            + "; ".join(problem.rstrip(".") for problem in record["problems"]),
-            style="yellow",
-        )
-    elif record["planned"]:
-        cost = record["cost_usd"]
-        paid = "unknown cost" if cost is None else f"${cost:.4f}"
-        how = Text(
-            f"planned by tier {config.planning_tier().name} in {record['seconds']:.1f} s "
-            f"({record['prompt_tokens']} tokens in, {record['completion_tokens']} out, {paid}); "
-            f"{record['reason']}, {record['complexity']}"
-        )
-    else:
-        how = Text(f"one step, not sent to the planner: a single action ({record['reason']})")
+    sentence, fallback = how_planned(record, config)
+    how = Text(sentence, style="yellow" if fallback else "")
     table = Table(title=f"plan: {tasklist.title}", title_justify="left")
     for column in ("step", "type", "title", "depends on", "est. tokens", "est. cost (tier)"):
         table.add_column(column, overflow="fold")
-    by_id = {step["id"]: step for step in record["steps"]}
-    tokens_of: list[int | None] = []
-    costs: list[float | None] = []
-    for task in tasklist.steps:
-        planned = by_id.get(task.id)
-        tokens = planned["estimated_tokens"] if planned else None
-        tier = config.tiers[start_tier(task, config)[0]]
-        cost = None if tokens is None or tier.price_in is None else tokens * tier.price_in / 1e6
-        tokens_of.append(tokens)
-        costs.append(cost)
-        table.add_row(
-            task.id,
-            task.step_type.value,
-            planned["title"] if planned else task.description.splitlines()[0],
-            ", ".join(task.depends_on or []) or "-",
-            estimate(tokens, str),
-            estimate(cost, "${:.4f}".format) + f" ({tier.name})",
-        )
-    table.add_row(
-        "total", "", "", "", total(tokens_of, str), total(costs, "${:.4f}".format), style="bold"
-    )
+    *rows, totals = plan_rows(record, config, tasklist)
+    for row in rows:
+        table.add_row(row.step, row.step_type, row.title, row.depends_on, row.tokens, row.cost)
+    table.add_row("total", "", "", "", totals.tokens, totals.cost, style="bold")
     return Group(how, table)
-
-
-def estimate(value: N | None, show: Callable[[N], str]) -> str:
-    """One step's estimate: ``unknown`` when there is none."""
-    return UNKNOWN if value is None else show(value)
-
-
-def total(values: Sequence[N | None], show: Callable[[N], str]) -> str:
-    """The sum of the estimates: ``unknown`` when none is known, ``≥N`` when some are not."""
-    known = [value for value in values if value is not None]
-    if not known and values:
-        return UNKNOWN
-    floor = "≥" if len(known) < len(values) else ""
-    return floor + show(sum(known))
 
 
 def _project_specs(repo: str, config: Path | None) -> tuple[list[Any], Any]:
@@ -182,11 +132,12 @@ def _project_specs(repo: str, config: Path | None) -> tuple[list[Any], Any]:
     from merlin_flow.settings import get_settings
     from merlin_flow.workspace.repository import refusals_as_input_errors, repository_for_input
 
-    repository = repository_for_input(repo, get_settings())
+    settings = get_settings()
+    repository = repository_for_input(repo, settings)
     with refusals_as_input_errors(repository):
         base = repository.base_commit()
     with repository.files_at(base) as files:
-        merlin_config = load_config(files, config, get_settings().home_dir)
+        merlin_config = load_config(files, config, settings.home_dir, settings.system_config)
     return load_specs(repository.path, base, merlin_config.specs.paths), merlin_config
 
 
@@ -207,7 +158,8 @@ def specs_list(
         from merlin_flow.planning.specs import ranked
 
         specs, merlin_config = _project_specs(repo, config)
-        rows = ranked(for_, specs) if for_ else [(spec, 0.0) for spec in specs]
+        scorer = merlin_config.specs.scorer
+        rows = ranked(for_, specs, scorer) if for_ else [(spec, 0.0) for spec in specs]
         chosen = {spec.path for spec, score in rows[: merlin_config.specs.top] if score > 0}
         if as_json:
             listing = [

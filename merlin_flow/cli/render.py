@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
-from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
@@ -260,6 +259,8 @@ def follow(
     working step's last tool call under it; elsewhere (CI logs, pipes) each event is
     printed as a line as it happens.
     """
+    from rich.live import Live
+
     last_event = 0
     view = load_view()
     if console.is_terminal:

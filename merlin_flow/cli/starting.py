@@ -298,7 +298,9 @@ def resume(
             tier=tier,
             budget_usd=budget,
             exit_command=exit_command,
-            config=load_config(None, config, settings.home_dir) if config is not None else None,
+            config=load_config(None, config, settings.home_dir, settings.system_config)
+            if config is not None
+            else None,
         )
         enqueue(db, job_id)
         if as_json and not wait:

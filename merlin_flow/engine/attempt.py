@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from merlin_flow.agents.choice import stored_agent
+from merlin_flow.agents.condense import Condensation
 from merlin_flow.agents.definitions import AgentDefinition
 from merlin_flow.agents.loop import MODEL_UNREACHABLE, StepBrief, for_the_record, run_agent
 from merlin_flow.agents.step_tools import (
@@ -68,9 +69,10 @@ from merlin_flow.store import (
     Phase,
     Step,
 )
-from merlin_flow.store.events import AttemptData, EventKind, add_event
+from merlin_flow.store.events import AttemptData, CondensedData, EventKind, add_event
 from merlin_flow.tasklist import StepType
 from merlin_flow.tool_config import SandboxMode
+from merlin_flow.workspace.citations import marked_at
 from merlin_flow.workspace.git import attempt_ref, commit_all, same_tree, write_excludes_file
 from merlin_flow.workspace.repository import JobRepository, repository_of
 from merlin_flow.workspace.secret_scan import SecretHit, hit_lines, keep_secrets_out, secret_error
@@ -189,6 +191,14 @@ def _work_in_worktree(
                 record_call(held.db, context, next(seqs), turn, reply, error)
                 guard.release()  # the journal now holds the call's cost: its estimate goes
 
+            def on_condense(done: Condensation) -> None:
+                data: CondensedData = {"attempt": plan.number, "how": done.how,
+                                       "before": done.before, "after": done.after,
+                                       "forced": done.forced}  # fmt: skip
+                with held.db.session() as session:
+                    kind = EventKind.CONTEXT_CONDENSED
+                    add_event(session, held.job_id, kind, done.describe(), held.step_key, data)
+
             def on_progress(messages: list[dict[str, Any]]) -> None:
                 # The conversation so far, for `merlin logs --follow` and `merlin watch`.
                 with held.db.session() as session:
@@ -225,6 +235,7 @@ def _work_in_worktree(
                         call_model=call_model,
                         transcript=transcript,
                         on_progress=on_progress,
+                        on_condense=on_condense,
                     )
                 summary, turns = result.summary, result.turns
                 check_alive()
@@ -240,6 +251,7 @@ def _work_in_worktree(
             commit = commit_all(
                 worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes
             )
+            summary = marked_at(summary, repository.path, commit)  # citations checked
             edits = brief.step_type != StepType.VERIFY.value and writes  # a reviewer writes none
             if error is None and edits and same_tree(worktree, commit, plan.start_commit):
                 error = NO_CHANGES.format(turns=turns)

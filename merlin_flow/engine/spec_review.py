@@ -27,8 +27,10 @@ from merlin_flow.planning.spec_check import (
     policy,
     run_check,
     spec_constraints,
+    with_citations,
 )
 from merlin_flow.store import Attempt, Job, LlmCall, Step
+from merlin_flow.workspace.citations import reader_for_commit
 from merlin_flow.workspace.git import diff
 from merlin_flow.workspace.repository import JobRepository
 
@@ -89,6 +91,8 @@ def review_attempt(
         result = parse_answer(original) if original is not None else CheckResult(note=missing)
     else:
         result = run_check(tier, constraints, patch, journaled)
+    read = reader_for_commit(repository.path, commit)
+    result = with_citations(result, read, held.config.agents.citations)
     return SpecOutcome(mode, tuple(paths), result)
 
 

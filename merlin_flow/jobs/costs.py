@@ -257,3 +257,31 @@ def costs_since(db: Database, since: timedelta) -> CostsSince:
         "tiers": [{"tier": row.tier, **_row(row)} for row in tiers],
         "escalations": len(escalations),
     }
+
+
+class DayCosts(CallCounts):
+    """The calls of one tier on one day."""
+
+    day: str
+    """The UTC day the calls were made, ``YYYY-MM-DD``."""
+    tier: str
+
+
+def costs_per_day(db: Database, since: timedelta) -> list[DayCosts]:
+    """The calls ``costs_since`` counts, per UTC day they were made and per tier.
+
+    The same calls (those of the jobs created in the last ``since``), grouped in SQL by
+    the day of each call's ``created_at``: the rows of a tier add up to its row in
+    ``costs_since``. Oldest day first, then by tier; a day without calls has no row.
+    """
+    start = utcnow() - since
+    day = func.date(LlmCall.created_at)  # SQLite: a 'YYYY-MM-DD' text; Postgres: a date
+    with db.reader() as session:
+        job_ids = select(Job.id).where(Job.created_at >= start)
+        rows = session.execute(
+            _sums(day.label("day"), LlmCall.tier)
+            .where(LlmCall.job_id.in_(job_ids))
+            .group_by(day, LlmCall.tier)
+            .order_by(day, LlmCall.tier)
+        ).all()
+    return [{"day": str(row.day), "tier": row.tier, **_row(row)} for row in rows]

@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from merlin_flow.config import MerlinConfig
+from merlin_flow.config_files import ConfigFile
 from merlin_flow.errors import MerlinError
 from merlin_flow.models.credentials import tier_access
 from merlin_flow.models.endpoints import pin_endpoints
@@ -70,10 +71,18 @@ gives one; the library itself never imports the worker package."""
 
 
 def run_checks(
-    settings: Settings, config: MerlinConfig, repo: Path | None, broker: BrokerProbe
+    settings: Settings,
+    config: MerlinConfig,
+    repo: Path | None,
+    broker: BrokerProbe,
+    files: list[ConfigFile] | None = None,
 ) -> list[Check]:
-    """Every check, in the order a user would fix them; ``broker`` asks the broker."""
-    checks = [sandbox_check(config)]
+    """Every check, in the order a user would fix them; ``broker`` asks the broker.
+
+    ``files``: where ``config`` was read from (``config_files``), listed first.
+    """
+    checks = [config_check(files)] if files is not None else []
+    checks.append(sandbox_check(config))
     config = pin_endpoints(config)  # as a job submitted from here would call them
     problems = {tier.name: tier_access(tier) for tier in config.tiers}
     usable = any(problem is None for problem in problems.values())
@@ -93,6 +102,13 @@ def run_checks(
         checks.append(environment_check(repo, config))
         checks += toolchain_checks(repo, config)
     return checks
+
+
+def config_check(files: list[ConfigFile]) -> Check:
+    """The configuration files read, lowest precedence first, then those that were not."""
+    read = [f"{n}. {file.describe()}" for n, file in enumerate((f for f in files if f.read), 1)]
+    skipped = [f"not read: {file.describe()}" for file in files if not file.read]
+    return Check("config", Verdict.OK, "\n".join(read + skipped))
 
 
 def sandbox_check(config: MerlinConfig) -> Check:

@@ -22,6 +22,7 @@ from merlin_flow.jobs.views import (
     EventView,
     attempt_view,
     events_since,
+    iso_utc,
     job_view,
 )
 from merlin_flow.store import (
@@ -98,10 +99,13 @@ def _question_log(session: Session, job: Job) -> LogEntry:
         "exit_code": None,
         "error": job.error,
         "output_tail": None,
+        "summary": job.answer,
         "turns": sum(1 for m in transcript if m.get("role") == "assistant"),
         "runs": 1,
         "prompt_tokens": int(calls[0]),
         "completion_tokens": int(calls[1]),
+        "started_at": iso_utc(job.started_at or job.created_at),
+        "finished_at": None if job.status == JobStatus.PLANNING else iso_utc(job.finished_at),
         **cost_fields(float(calls[2] or 0.0), 0),
         "transcript": transcript,
     }

@@ -29,7 +29,8 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.agents.choice import choose_agents
 from merlin_flow.agents.definitions import load_agents
-from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config
+from merlin_flow.config import MerlinConfig, load_config
+from merlin_flow.config_files import CONFIG_FILE_NAME
 from merlin_flow.engine.budget import require_priced_tiers
 from merlin_flow.engine.lifecycle import approve_plan, await_approval, record_answer, reject_plan
 from merlin_flow.errors import InputError, JobNotFoundError, RecordInDoubt
@@ -105,7 +106,9 @@ def submit_request(
     with refusals_as_input_errors(repository):
         base = repository.base_commit()
     with repository.files_at(base) as files:
-        config = pin_endpoints(load_config(files, config_path, settings.home_dir))
+        config = pin_endpoints(
+            load_config(files, config_path, settings.home_dir, settings.system_config)
+        )
     if check_tiers:
         require_a_usable_tier(config)
     kind = classify(request)
@@ -174,11 +177,13 @@ def request_context(
     def read(kind: Classification) -> RepositoryContext:
         specs = config.specs
         constraints, _paths = relevant_constraints(
-            repository.path, base, specs.paths, specs.top, request, SPEC_CHARS
+            repository.path, base, specs.paths, specs.top, request, SPEC_CHARS, specs.scorer
         )
         budget = config.planning.context_tokens
         readable = Permissions(config.permissions).path_readable
-        return read_context(repository.path, base, kind.files, budget, constraints, readable)
+        return read_context(
+            repository.path, base, kind.files, budget, constraints, readable, request=request
+        )
 
     return read
 
@@ -207,7 +212,7 @@ def plan_job(
         answer = answer_question(repository, base, config, request, calls, so_far)
         with db.session() as session:
             job = _still_planning(session, job_id)
-            job.plan = question_record(tier, answer.transcript, answer.error)
+            job.plan = question_record(tier, answer.transcript, answer.error, answer.citations)
             record_answer(session, job, answer.text, answer.error)
             return JobStatus(job.status)
     made = make_plan(request, config, request_context(repository, base, config, request), calls)
@@ -223,10 +228,23 @@ def plan_job(
 
 
 def question_record(
-    tier: str, transcript: list[dict[str, Any]], error: str | None = None
+    tier: str,
+    transcript: list[dict[str, Any]],
+    error: str | None = None,
+    citations: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """What a question's job keeps of its answering: the tier, the conversation, the error."""
-    return {"kind": "question", "error": error, "tier": tier, "transcript": transcript}
+    """What a question's job keeps of its answering.
+
+    The tier, the conversation, the error, and each citation of the answer checked
+    (``citation``, ``ok``, ``problem``, ``snippet``).
+    """
+    return {
+        "kind": "question",
+        "error": error,
+        "tier": tier,
+        "transcript": transcript,
+        "citations": citations or [],
+    }
 
 
 def plan_record(made: Plan, tasklist: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from merlin_flow.agents.choice import AgentChoice, agent_tier_index, choose_agents
 from merlin_flow.agents.definitions import load_agents
-from merlin_flow.config import CONFIG_FILE_NAME, MerlinConfig, load_config, scripts_inside
+from merlin_flow.config import MerlinConfig, load_config, scripts_inside
+from merlin_flow.config_files import CONFIG_FILE_NAME
 from merlin_flow.engine.budget import require_priced_tiers
 from merlin_flow.engine.graph import dependencies, runnable
 from merlin_flow.engine.leases import queued_values
@@ -85,7 +86,7 @@ def submit_job(
     with refusals_as_input_errors(repository):
         base = repository.base_commit()
     with repository.files_at(base) as files:  # one checkout for a URL: config and exit commands
-        config = load_config(files, config_path, settings.home_dir)
+        config = load_config(files, config_path, settings.home_dir, settings.system_config)
         if repository.url is not None and scripts_inside(config, files):
             raise ConfigError(
                 f"merlin.toml in {repo} names scripted models by paths inside the repository, "

@@ -8,29 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, case, func, select
+from sqlalchemy.orm import Session, load_only, selectinload
 
-from merlin_flow.engine.graph import is_complete, is_finished, waiting_on
 from merlin_flow.errors import JobNotFoundError
 from merlin_flow.failures import AttemptKind
 from merlin_flow.jobs.costs import UNPRICED, CostFields, cost_fields
-from merlin_flow.jobs.evidence import FailureView, failure_view
-from merlin_flow.settings import Settings
-from merlin_flow.store import (
-    Attempt,
-    AttemptStatus,
-    Database,
-    Event,
-    Job,
-    JobStatus,
-    LlmCall,
-    StepStatus,
-)
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
 from merlin_flow.store.events import EventKind
-from merlin_flow.workspace.git import diff
-from merlin_flow.workspace.repository import repository_of
+from merlin_flow.store.status import AttemptStatus, JobStatus, StepStatus
+
+if TYPE_CHECKING:
+    from merlin_flow.jobs.evidence import FailureView
+    from merlin_flow.settings import Settings
+
+# What only a job's full view (the step graph, the evidence of a failure) or its diff (git)
+# needs is imported where it is used: `merlin list` reads the jobs table and no more.
 
 
 class AttemptView(CostFields):
@@ -45,10 +40,13 @@ class AttemptView(CostFields):
     exit_code: int | None
     error: str | None
     output_tail: str | None
+    summary: str | None
     turns: int | None
     runs: int
     prompt_tokens: int
     completion_tokens: int
+    started_at: str | None
+    finished_at: str | None
 
 
 class StepView(TypedDict):
@@ -118,8 +116,8 @@ class JobView(CostFields):
     """Why the job failed, when a step failed: ``merlin status --json``'s evidence."""
 
 
-class JobListEntry(TypedDict):
-    """One job of ``merlin list --json``."""
+class JobListEntry(CostFields):
+    """One job of ``merlin list --json`` (and of the dashboard's jobs page)."""
 
     id: str
     status: JobStatus
@@ -127,7 +125,12 @@ class JobListEntry(TypedDict):
     repo: str
     branch: str | None
     created_at: str | None
+    started_at: str | None
     finished_at: str | None
+    steps_done: int
+    steps_total: int
+    tier: str | None
+    budget_usd: float | None
 
 
 class EventView(TypedDict):
@@ -141,7 +144,8 @@ class EventView(TypedDict):
     created_at: str | None
 
 
-def _iso(value: datetime | None) -> str | None:
+def iso_utc(value: datetime | None) -> str | None:
+    """A stored (naive UTC) time as ISO 8601 with `Z`, as every view writes times."""
     return value.isoformat(timespec="seconds") + "Z" if value else None
 
 
@@ -157,18 +161,28 @@ def attempt_view(attempt: Attempt, unpriced_calls: int = 0) -> AttemptView:
         "exit_code": attempt.exit_code,
         "error": attempt.error,
         "output_tail": attempt.output_tail,
+        "summary": attempt.summary,
         "turns": attempt.turns,
         "runs": attempt.runs,
         "prompt_tokens": attempt.prompt_tokens,
         "completion_tokens": attempt.completion_tokens,
+        "started_at": iso_utc(attempt.started_at),
+        "finished_at": iso_utc(attempt.finished_at),
         **cost_fields(attempt.cost_usd, unpriced_calls),
     }
 
 
 def job_view(db: Database, job_id: str) -> JobView:
     """The full state of a job: what ``merlin status --json`` prints."""
+    from merlin_flow.engine.graph import is_complete, is_finished, waiting_on
+    from merlin_flow.jobs.evidence import failure_view
+
+    # Steps and attempts in two queries, not one per step, without the transcripts,
+    # which the view does not show (``merlin logs`` does): a job of 200 attempts reads
+    # megabytes less.
+    loading = selectinload(Job.steps).selectinload(Step.attempts).defer(Attempt.transcript)
     with db.reader() as session:
-        job = session.get(Job, job_id)
+        job = session.get(Job, job_id, options=[loading])
         if job is None:
             raise JobNotFoundError(f"no job with id {job_id!r}")
         cost = session.scalar(
@@ -201,8 +215,8 @@ def job_view(db: Database, job_id: str) -> JobView:
                     "agent_score": step.agent_score,
                     "error": step.error,
                     "result": step.result,
-                    "started_at": _iso(step.started_at),
-                    "finished_at": _iso(step.finished_at),
+                    "started_at": iso_utc(step.started_at),
+                    "finished_at": iso_utc(step.finished_at),
                     "deliveries": step.deliveries,
                     "recoveries": step.recoveries,
                     "attempts": [attempt_view(a, unpriced.get(a.id, 0)) for a in step.attempts],
@@ -224,9 +238,9 @@ def job_view(db: Database, job_id: str) -> JobView:
             "budget_usd": job.budget_usd,
             "replay_of": job.replay_of,
             "patch": job.patch_path,
-            "created_at": _iso(job.created_at),
-            "started_at": _iso(job.started_at),
-            "finished_at": _iso(job.finished_at),
+            "created_at": iso_utc(job.created_at),
+            "started_at": iso_utc(job.started_at),
+            "finished_at": iso_utc(job.finished_at),
             "progress": {"total": len(job.steps), **counts},
             "finished": bool(job.steps) and is_finished(step.status for step in job.steps),
             "complete": bool(job.steps) and is_complete(step.status for step in job.steps),
@@ -249,26 +263,98 @@ def made_branch(job: Job) -> str | None:
 
 
 def list_jobs(
-    db: Database, limit: int = 50, statuses: Collection[JobStatus] = ()
+    db: Database,
+    limit: int = 50,
+    statuses: Collection[JobStatus] = (),
+    repo: str | None = None,
+    since: datetime | None = None,
+    before: str | None = None,
 ) -> list[JobListEntry]:
-    """The ``limit`` newest jobs (of ``statuses``, if given), newest first: ``merlin list``."""
+    """The ``limit`` newest jobs, newest first: ``merlin list`` and the dashboard.
+
+    Only those of ``statuses`` (if given), of repository ``repo``, created at or after
+    ``since``, and older than job ``before`` (the last of the previous page). A job's
+    steps, tier and cost are read for the whole page at once: four queries in all.
+    """
     query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
     if statuses:
         query = query.where(Job.status.in_([status.value for status in statuses]))
+    if repo is not None:
+        query = query.where(Job.repo == repo)
+    if since is not None:
+        query = query.where(Job.created_at >= since)
     with db.reader() as session:
-        jobs = session.scalars(query).all()
+        if before is not None:
+            cursor = session.get(Job, before)
+            if cursor is None:
+                raise JobNotFoundError(f"no job with id {before!r}")
+            query = query.where(
+                (Job.created_at < cursor.created_at)
+                | ((Job.created_at == cursor.created_at) & (Job.id < cursor.id))
+            )
+        jobs = session.scalars(query.options(load_only(*_LISTED))).all()
+        figures = _page_figures(session, [job.id for job in jobs])
         return [
             {
+                **figures[job.id],
                 "id": job.id,
                 "status": JobStatus(job.status),
                 "title": job.title,
                 "repo": job.repo,
                 "branch": made_branch(job),
-                "created_at": _iso(job.created_at),
-                "finished_at": _iso(job.finished_at),
+                "created_at": iso_utc(job.created_at),
+                "started_at": iso_utc(job.started_at),
+                "finished_at": iso_utc(job.finished_at),
+                "budget_usd": job.budget_usd,
             }
             for job in jobs
         ]
+
+
+_LISTED = (Job.id, Job.status, Job.title, Job.repo, Job.branch, Job.request, Job.plan,
+           Job.created_at, Job.started_at, Job.finished_at, Job.budget_usd)  # fmt: skip
+"""The columns a list reads (not the TaskList and configuration a job carries)."""
+
+
+class _Figures(CostFields):
+    steps_done: int
+    steps_total: int
+    tier: str | None
+
+
+def _page_figures(session: Session, ids: list[str]) -> dict[str, _Figures]:
+    """Per job of ``ids``: steps passed and in all, the tier of its latest attempt, cost."""
+    done = func.sum(case((Step.status == StepStatus.COMPLETED.value, 1), else_=0))
+    steps = session.execute(
+        select(Step.job_id, done, func.count()).where(Step.job_id.in_(ids)).group_by(Step.job_id)
+    ).all()
+    latest = (
+        select(func.max(Attempt.id))
+        .join(Step, Attempt.step_id == Step.id)
+        .where(Step.job_id.in_(ids))
+        .group_by(Step.job_id)
+    )
+    tiers = session.execute(
+        select(Step.job_id, Attempt.tier)
+        .join(Step, Attempt.step_id == Step.id)
+        .where(Attempt.id.in_(latest))
+    ).all()
+    unpriced = func.sum(case((and_(*UNPRICED), 1), else_=0))
+    costs = session.execute(
+        select(LlmCall.job_id, func.coalesce(func.sum(LlmCall.cost_usd), 0.0), unpriced)
+        .where(LlmCall.job_id.in_(ids))
+        .group_by(LlmCall.job_id)
+    ).all()
+    figures: dict[str, _Figures] = {
+        job: {"steps_done": 0, "steps_total": 0, "tier": None, **cost_fields(0.0, 0)} for job in ids
+    }
+    for job, passed, total in steps:
+        figures[job]["steps_done"], figures[job]["steps_total"] = int(passed or 0), int(total)
+    for job, tier in tiers:
+        figures[job]["tier"] = tier
+    for job, known, missing in costs:
+        figures[job] = {**figures[job], **cost_fields(float(known or 0.0), int(missing or 0))}
+    return figures
 
 
 def job_status(db: Database, job_id: str) -> JobStatus:
@@ -293,7 +379,7 @@ def events_since(db: Database, job_id: str, after_id: int = 0) -> list[EventView
                 "step_key": row.step_key,
                 "message": row.message,
                 "data": row.data,
-                "created_at": _iso(row.created_at),
+                "created_at": iso_utc(row.created_at),
             }
             for row in rows
         ]
@@ -301,6 +387,9 @@ def events_since(db: Database, job_id: str, after_id: int = 0) -> list[EventView
 
 def job_diff(db: Database, settings: Settings, job_id: str) -> str:
     """The diff of the job's branch so far: base commit to its last verified step."""
+    from merlin_flow.workspace.git import diff
+    from merlin_flow.workspace.repository import repository_of
+
     with db.reader() as session:
         job = session.get(Job, job_id)
         if job is None:

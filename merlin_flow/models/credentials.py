@@ -58,7 +58,30 @@ def tier_access(tier: Tier) -> str | None:
             f"{describe(tier)}: missing credentials: set {', '.join(missing)} in the "
             "environment of merlin and its workers, or name the variable with api_key_env"
         )
+    empty = _empty_keys(tier.provider)
+    if report.get("keys_in_environment") and empty:
+        return (
+            f"{describe(tier)}: {', '.join(empty)} is set but empty (as compose sets "
+            "`${VAR:-}` when your shell has none); give it the key, or unset it"
+        )
     return None
+
+
+def _empty_keys(provider: str) -> list[str]:
+    """The provider's key variables that are set to nothing, when none of them has a value.
+
+    litellm counts a variable that is set as present, empty or not; the call then fails
+    for want of a key.
+    """
+    prefix = provider.upper().replace("-", "_") + "_"
+    keys = {
+        name: value
+        for name, value in os.environ.items()
+        if name.startswith(prefix) and name.endswith(("_KEY", "_TOKEN"))
+    }
+    if any(value.strip() for value in keys.values()):
+        return []
+    return sorted(keys)
 
 
 def require_a_usable_tier(config: MerlinConfig) -> None:

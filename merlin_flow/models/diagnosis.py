@@ -45,6 +45,8 @@ ACCESS_ERRORS = {
     "NotFoundError": 404,
 }
 REFUSAL_ERRORS = frozenset({"ModelRefused"})
+CONTEXT_EXCEEDED = "context window exceeded"
+"""What a request too long for the model's window is called (``ModelFailure.what``)."""
 CONTEXT_WORDS = re.compile(r"context (length|window)|maximum context|too many tokens", re.I)
 
 
@@ -90,7 +92,7 @@ def examine(exc: BaseException) -> ModelFailure:
     if names & REFUSAL_ERRORS:
         return ModelFailure(FailureKind.CAPABILITY, "the model refused", None, detail)
     if "ContextWindowExceededError" in names or (status == 400 and CONTEXT_WORDS.search(detail)):
-        return ModelFailure(FailureKind.CAPABILITY, "context window exceeded", status, detail)
+        return ModelFailure(FailureKind.CAPABILITY, CONTEXT_EXCEEDED, status, detail)
     for name, code in ACCESS_ERRORS.items():
         if name in names:
             status = code

@@ -13,6 +13,7 @@ token).
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -21,13 +22,33 @@ from merlin_flow.models.tokens import conversation_text, count_tokens
 from merlin_flow.scripts import Script, ScriptedReply, load_script
 
 PROVIDER = "scripted"
+CONDENSED_NOTE = (
+    "[merlin: {replies} earlier replies of this attempt were condensed to fit the model's context]"
+)
+"""How a condensed conversation starts its summary (``merlin_flow.agents.condense``)."""
+_CONDENSED = re.compile(r"^\[merlin: (\d+) earlier replies of this attempt were condensed")
+
+
+def replies_condensed(message: dict[str, Any]) -> int:
+    """How many replies ``message`` (a condensation's note) stands for; 0 for any other."""
+    content = message.get("content")
+    found = _CONDENSED.match(content) if isinstance(content, str) else None
+    return int(found.group(1)) if found else 0
+
+
+def turn_of(messages: list[dict[str, Any]]) -> int:
+    """The conversation's turn: its replies, those a condensation summarised included."""
+    return sum(1 if m.get("role") == "assistant" else replies_condensed(m) for m in messages)
 
 
 def reply_for(script: Script, messages: list[dict[str, Any]]) -> ScriptedReply | None:
-    """The reply of the first rule of ``script`` that fits the conversation, or None."""
+    """The reply of the first rule of ``script`` that fits the conversation, or None.
+
+    A rule's ``turn`` counts the replies a condensation summarised too, so a script
+    goes on where it was after its conversation is condensed.
+    """
     text = conversation_text(messages)
-    turn = sum(1 for m in messages if m.get("role") == "assistant")
-    return next((rule.reply for rule in script.rules if rule.fits(text, turn)), None)
+    return next((rule.reply for rule in script.rules if rule.fits(text, turn_of(messages))), None)
 
 
 def make_provider() -> Any:
@@ -47,7 +68,7 @@ def make_provider() -> Any:
                 ) from None
             reply = reply_for(script, messages)
             if reply is None:
-                turn = sum(1 for m in messages if m.get("role") == "assistant")
+                turn = turn_of(messages)
                 raise litellm.BadRequestError(
                     message=f"scripted model {model}: no rule fits the conversation at turn {turn}",
                     model=f"{PROVIDER}/{model}",

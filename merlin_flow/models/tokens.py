@@ -17,8 +17,10 @@ def conversation_text(messages: list[dict[str, Any]]) -> str:
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         if content:
             parts.append(str(content))
-        for call in message.get("tool_calls") or []:
+        calls = message.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
             function = call.get("function", {}) if isinstance(call, dict) else {}
+            function = function if isinstance(function, dict) else {}
             parts.append(f"{function.get('name', '')} {function.get('arguments', '')}")
     return "\n\n".join(parts)
 

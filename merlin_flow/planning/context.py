@@ -9,7 +9,12 @@ the same for a path and for a git URL's cache). In order of precedence, within
    error naming it;
 2. the README at the root (``README.md``, ``README.rst``, ``README.txt``, ``README``), at
    most a quarter of what is left;
-3. the file tree: paths in ``git ls-tree`` order, as many as fit, then
+3. the repository map (``workspace.repo_map``), at most half of what is left: the source
+   files that matter to the request, ranked towards its words and ``@path`` files, each
+   with its main definitions' signature lines; cached under ``$MERLIN_HOME/repo_map``,
+   so a repository costs its changed files only after its first map. A map that cannot
+   be made (a git or parser failure) is left out, never fatal;
+4. the file tree: paths in ``git ls-tree`` order, as many as fit, then
    ``... and N more files``. Paths under vendored or generated folders
    (``node_modules/``, ``vendor/``, ``dist/``, ``build/``...) are left out first.
 
@@ -19,15 +24,21 @@ The relevant specs' constraint sections, when there are any, are taken first
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from merlin_flow.errors import InputError
+from merlin_flow.errors import InputError, MerlinError
 from merlin_flow.models.tokens import CHARS_PER_TOKEN, count_tokens
+from merlin_flow.settings import get_settings
 from merlin_flow.workspace.git import run_git
+from merlin_flow.workspace.repo_map import build_map
 
 README_NAMES = ("README.md", "README.rst", "README.txt", "README")
+MAP_SHARE = 2
+"""The repository map takes at most 1/MAP_SHARE of what the files and README leave."""
+MAP_HEADING = "--- repository map (the files that matter to the request, best first) ---"
 SKIPPED_FOLDERS = ("node_modules/", "vendor/", "dist/", "build/", "third_party/", ".venv/")
 """Folders whose files the tree lists last (they are rarely where a plan's work is)."""
 
@@ -40,6 +51,8 @@ class RepositoryContext:
     """Attached ``@path`` files: path to (possibly cut) text."""
     readme: tuple[str, str] | None = None
     """The README's name and (possibly cut) text."""
+    repo_map: str = ""
+    """The repository map: ranked files and their definitions' signature lines."""
     tree: tuple[str, ...] = ()
     """The paths shown."""
     tree_total: int = 0
@@ -52,6 +65,8 @@ class RepositoryContext:
         parts = [f"--- @{path} ---\n{body}" for path, body in self.files.items()]
         if self.readme is not None:
             parts.append(f"--- {self.readme[0]} ---\n{self.readme[1]}")
+        if self.repo_map:
+            parts.append(f"{MAP_HEADING}\n{self.repo_map}")
         hidden = self.tree_total - len(self.tree)
         more = [f"... and {hidden} more files"] if hidden else []
         parts.append(f"--- files ({self.tree_total}) ---\n" + "\n".join([*self.tree, *more]))
@@ -72,12 +87,16 @@ def read_context(
     budget_tokens: int,
     constraints: str = "",
     readable: Callable[[str], bool] = lambda _path: True,
+    request: str = "",
+    map_cache: Path | None = None,
 ) -> RepositoryContext:
     """The context of ``commit`` within ``budget_tokens`` (see the module docstring).
 
     ``constraints`` (the relevant specs') come first and count against the budget.
     ``readable`` says which files may be shown (`[permissions]`): an attached file it
-    refuses is an InputError; the README is left out.
+    refuses is an InputError; the README is left out, and so is the map's every file it
+    refuses. The map is ranked towards ``request``'s words and paths and the attached
+    files; ``map_cache`` is its cache folder (default ``$MERLIN_HOME/repo_map``).
     """
     budget = budget_tokens * CHARS_PER_TOKEN - len(constraints)
     paths = _tree(git_dir, commit)
@@ -105,13 +124,50 @@ def read_context(
     if name is not None and budget > 0:
         readme = (name, _cut(_show(git_dir, commit, name), budget // 4))
         budget -= len(readme[1]) + 20
+    repo_map = _repo_map(
+        git_dir,
+        commit,
+        (budget // MAP_SHARE - len(MAP_HEADING) - 4) // CHARS_PER_TOKEN,
+        attached,
+        request,
+        readable,
+        map_cache,
+    )
+    budget -= len(repo_map) + len(MAP_HEADING) + 4 if repo_map else 0
     shown: list[str] = []
     for path in sorted(paths, key=lambda p: p.startswith(SKIPPED_FOLDERS) or "/." in "/" + p):
         if budget - (len(path) + 1) < 40:  # room for the "... and N more files" line
             break
         shown.append(path)
         budget -= len(path) + 1
-    return RepositoryContext(files, readme, tuple(shown), len(paths), constraints)
+    return RepositoryContext(files, readme, repo_map, tuple(shown), len(paths), constraints)
+
+
+def _repo_map(
+    git_dir: Path,
+    commit: str,
+    budget_tokens: int,
+    attached: tuple[str, ...],
+    request: str,
+    readable: Callable[[str], bool],
+    cache: Path | None,
+) -> str:
+    """The map of ``commit`` within ``budget_tokens``, or "" when none can be made."""
+    if budget_tokens <= 0:
+        return ""
+    try:
+        return build_map(
+            git_dir,
+            budget_tokens=budget_tokens,
+            focus_files=attached,
+            focus_words=[request],
+            cache_dir=cache or get_settings().home_dir / "repo_map",
+            count=count_tokens,
+            commit=commit,
+            include=readable,
+        ).text
+    except (MerlinError, OSError, ValueError, RuntimeError, sqlite3.Error):
+        return ""
 
 
 def _tree(git_dir: Path, commit: str) -> list[str]:

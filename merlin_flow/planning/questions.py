@@ -6,6 +6,12 @@ planning tier's model with the tools that read, list and grep only
 job starts at, removed afterwards. There is no exit command and nothing is committed.
 The model's last message is the answer; a model that fails, or runs out of turns, gives
 an answer-less job whose error says why (expected input, never a crash).
+
+The answer's ``path:line`` citations are checked against that commit
+(``merlin_flow.workspace.citations``): each one that does not hold is marked in the
+answer (``[citation invalid: no such file]``), and every result is kept with it. With
+``[agents] citations = "enforce"`` an answer whose citations do not all hold is no
+answer: the job fails, its error naming them (the answer stays in its transcript).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from merlin_flow.planning.context import read_context
 from merlin_flow.planning.requests import classify
 from merlin_flow.tools.permissions import Permissions
 from merlin_flow.tools.toolbox import READ_ONLY_TOOLS, Toolbox
+from merlin_flow.workspace.citations import check_citations, reader_for_commit
 from merlin_flow.workspace.git import add_worktree, remove_worktree
 from merlin_flow.workspace.repository import JobRepository
 
@@ -31,7 +38,10 @@ You answer questions about a software repository, whose files are your working \
 directory. You can read files, list them and search them with grep; you cannot change \
 anything and cannot run commands. Look at what you need, then answer in plain words, \
 naming the files (and lines) your answer rests on. Your last message, without a tool \
-call, is the answer."""
+call, is the answer.
+Cite lines as path:line or path:start-end (src/app.py:12-14), the path from the \
+repository's top; you may quote the code right after a citation in backquotes \
+(src/app.py:12 `return total`). Every citation is checked against the files."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,8 @@ class Answer:
     error: str | None = None
     transcript: list[dict[str, Any]] = field(default_factory=list)
     """The conversation, as ``merlin logs`` shows it (``agents.loop.for_the_record``)."""
+    citations: list[dict[str, Any]] = field(default_factory=list)
+    """The answer's citations, checked: ``citation``, ``ok``, ``problem``, ``snippet``."""
 
 
 def answer_question(
@@ -61,8 +73,9 @@ def answer_question(
     attached = classify(question).files
     readable = Permissions(config.permissions).path_readable
     context = read_context(
-        repository.path, base, attached, config.planning.context_tokens, readable=readable
-    )
+        repository.path, base, attached, config.planning.context_tokens, readable=readable,
+        request=question,
+    )  # fmt: skip
     messages = [
         {"role": "system", "content": QUESTION_PROMPT},
         {"role": "user", "content": f"Question:\n{question}\n\nThe repository:\n{context.text()}"},
@@ -93,4 +106,23 @@ def answer_question(
         remove_worktree(repository.path, folder)
     if not result.summary:
         return Answer(None, "the model gave no answer", for_the_record(messages))
-    return Answer(result.summary, None, for_the_record(messages))
+    return checked_answer(result.summary, repository, base, config, for_the_record(messages))
+
+
+def checked_answer(
+    text: str,
+    repository: JobRepository,
+    base: str,
+    config: MerlinConfig,
+    transcript: list[dict[str, Any]],
+) -> Answer:
+    """``text`` with its citations checked at ``base``: marked, or enforced (no answer)."""
+    report = check_citations(text, reader_for_commit(repository.path, base))
+    if config.agents.citations == "enforce" and not report.all_hold:
+        count = len(report.invalid)
+        error = (
+            f"the answer's citations do not hold ({count} invalid; [agents] citations = "
+            f'"enforce"): {report.describe_invalid()}'
+        )
+        return Answer(None, error, transcript, report.as_json())
+    return Answer(report.annotate(text), None, transcript, report.as_json())

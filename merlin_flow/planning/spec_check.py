@@ -12,6 +12,12 @@ line number are fine) makes violations and the prose around them is ignored; els
 ``PASS`` is a pass; anything else is unreadable, taken as a pass with a note. A call that
 fails is expected input: the check could not run, which is noted and fails nothing.
 The same constraints go into each attempt's prompt (``with_spec_constraints``).
+
+**Citations** (``with_citations``): each violation's ``path:line``, and the citations in
+its text (``merlin_flow.workspace.citations``), are checked against the attempt's
+commit. One that does not hold is marked on its violation (``[citation invalid: no
+such file]``). With ``[agents] citations = "enforce"`` a check whose citations do not
+all hold fails (``CheckResult.unfounded``), as a violation does, its error naming them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from merlin_flow.agents.loop import StepBrief
 from merlin_flow.config import MerlinConfig, Tier
@@ -30,6 +36,14 @@ from merlin_flow.models.diagnosis import examine
 from merlin_flow.models.llm import Completion, ModelCall, complete
 from merlin_flow.planning.specs import relevant_constraints
 from merlin_flow.store.events import EventKind
+from merlin_flow.workspace.citations import (
+    MARK,
+    Citation,
+    CitationResult,
+    Reader,
+    check_citation,
+    check_citations,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +104,19 @@ class CheckResult:
     note: str | None = None
     """Why the answer was taken as a pass (unreadable), or why the check could not run."""
     completion: Completion | None = None
+    citations: tuple[CitationResult, ...] = ()
+    """The violations' citations, checked at the attempt's commit (``with_citations``)."""
+    unfounded: bool = False
+    """Some citation does not hold, and ``[agents] citations = "enforce"``: a failure."""
 
     @property
     def passed(self) -> bool:
-        """True when no violation was found (or the check could not run)."""
-        return not self.violations
+        """True when no violation was found (or the check could not run), none unfounded."""
+        return not self.violations and not self.unfounded
+
+    def invalid_citations(self) -> str:
+        """The citations that do not hold and their problems, on one line."""
+        return "; ".join(f"{r.citation}: {r.problem}" for r in self.citations if not r.ok)
 
     def text(self) -> str:
         """The violations, one ``VIOLATION path:line: text`` line each."""
@@ -120,6 +142,45 @@ def parse_answer(answer: str) -> CheckResult:
         return CheckResult()
     shown = " ".join(answer.split())[:200] or "(empty)"
     return CheckResult(note=f"spec check answer unreadable, taken as a pass: {shown}")
+
+
+def with_citations(
+    result: CheckResult, read: Reader, mode: Literal["check", "enforce"]
+) -> CheckResult:
+    """``result`` with its violations' citations checked with ``read`` (see the docstring).
+
+    ``read`` gives a file at the attempt's commit
+    (``citations.reader_for_commit``); ``mode`` is ``[agents] citations``. A commit git
+    cannot read leaves ``result`` as it is.
+    """
+    files: dict[str, str | None] = {}
+
+    def cached(path: str) -> str | None:
+        if path not in files:
+            files[path] = read(path)
+        return files[path]
+
+    checked: dict[Citation, CitationResult] = {}
+    violations = []
+    try:
+        for violation in result.violations:
+            report = check_citations(violation.text, cached)
+            text = report.annotate(violation.text)
+            if violation.path and violation.line is not None:
+                at = check_citation(
+                    Citation(violation.path, violation.line, violation.line), cached
+                )
+                checked.setdefault(at.citation, at)
+                text += "" if at.ok else MARK.format(problem=at.problem)
+            checked.update((r.citation, r) for r in report.results if r.citation not in checked)
+            violations.append(replace(violation, text=text))
+    except GitError as exc:  # citations that cannot be read never stop a step
+        log.warning("spec check citations not checked: %s", exc)
+        return result
+    unfounded = mode == "enforce" and any(not r.ok for r in checked.values())
+    return replace(
+        result, violations=tuple(violations), citations=tuple(checked.values()), unfounded=unfounded
+    )
 
 
 def check_messages(constraints: str, diff: str) -> list[dict[str, Any]]:
@@ -182,9 +243,15 @@ class SpecOutcome:
     def error(self) -> str:
         """The failed attempt's error: the fix attempt's feedback."""
         count = len(self.result.violations)
+        unfounded = (
+            f'spec check: its citations do not hold ([agents] citations = "enforce"): '
+            f"{self.result.invalid_citations()}\n"
+            if self.result.unfounded
+            else ""
+        )
         return (
-            f"spec check: the change breaks the project's specs ({count} violation(s)):\n"
-            f"{self.result.text()}"
+            f"{unfounded}spec check: the change breaks the project's specs "
+            f"({count} violation(s)):\n{self.result.text()}"
         )
 
     def event(self) -> tuple[EventKind, str]:
@@ -193,8 +260,10 @@ class SpecOutcome:
         if self.result.violations:
             kind = EventKind.SPEC_VIOLATION if self.fails else EventKind.SPEC_WARNING
             count = len(self.result.violations)
+            invalid = self.result.invalid_citations()
+            unfounded = f"; its citations do not hold: {invalid}" if self.result.unfounded else ""
             return kind, (
-                f"spec check ({self.policy}) found {count} violation(s) of {specs}:\n"
+                f"spec check ({self.policy}) found {count} violation(s) of {specs}{unfounded}:\n"
                 f"{self.result.text()}"
             )
         return EventKind.SPEC_CHECK, self.result.note or f"spec check passed ({specs})"

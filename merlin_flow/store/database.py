@@ -11,24 +11,30 @@ statements do not go through a flush and are not covered.
 
 from __future__ import annotations
 
+import ast
 import fcntl
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, String, create_engine, event, inspect, text
 from sqlalchemy.exc import DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.attributes import instance_state
 
 from merlin_flow.errors import RecordInDoubt, StoreError
 from merlin_flow.resources import resource_dir
-from merlin_flow.store.redaction import Redactor, current_redactor
+
+if TYPE_CHECKING:
+    from merlin_flow.store.redaction import Redactor
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+VERSION_TABLE = "alembic_version"
+"""Where Alembic keeps the revision a database is at."""
 T = TypeVar("T")
 # Alembic logs every schema check at INFO; worker logs do not need that.
 logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -75,6 +81,8 @@ class Database:
 
 def _redact_before_flush(session: Session, _context: Any, _instances: Any) -> None:
     """Redact secrets from what this flush writes: new rows whole, changed columns of others."""
+    from merlin_flow.store.redaction import current_redactor  # its patterns: writes only
+
     redactor = current_redactor()
     if not redactor:
         return
@@ -95,6 +103,8 @@ def _redact_object(redactor: Redactor, obj: object, *, changed_only: bool) -> No
     keys = [key for key in state.committed_state if key in columns] if changed_only else None
     loaded = state.dict
     for key in columns.keys() if keys is None else keys:
+        if not _may_hold_secrets(state.mapper.columns[key]):
+            continue
         value = loaded.get(key)
         if isinstance(value, str):
             redacted: Any = redactor.redact(value)
@@ -104,6 +114,19 @@ def _redact_object(redactor: Redactor, obj: object, *, changed_only: bool) -> No
             continue
         if redacted is not value:
             setattr(obj, key, redacted)
+
+
+def _may_hold_secrets(column: Any) -> bool:
+    """Free text and JSON may; merlin's own identifiers never do, and must stay as written.
+
+    Keys, bounded strings (ids, statuses, names, hashes) and ``Text`` columns marked
+    ``identifier`` (a repository's path, a branch, a model) are not redacted: a password
+    that happens to read "merlin" would otherwise turn the branch ``merlin/<job>`` into
+    ``[REDACTED]/<job>``.
+    """
+    if column.primary_key or column.foreign_keys or column.info.get("identifier"):
+        return False
+    return not (isinstance(column.type, String) and column.type.length is not None)
 
 
 def _engine_options(url: str) -> dict[str, Any]:
@@ -159,21 +182,58 @@ def upgrade(db: Database, revision: str = "head") -> None:
 
 
 def current_revision(db: Database) -> str | None:
-    """The revision the database is at, or None for an empty database."""
-    from alembic.runtime.migration import MigrationContext
+    """The revision the database is at, or None for an empty database.
 
+    Read as Alembic reads it (its version table, when there is one), with one query and
+    without importing Alembic: every command opens the database, few migrate it.
+    """
     with db.engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+        if not inspect(connection).has_table(VERSION_TABLE):
+            return None
+        revisions = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
+    if len(revisions) > 1:
+        raise StoreError(
+            f"database schema is at several revisions at once "
+            f"({', '.join(row[0] for row in revisions)}): it was not migrated by merlin"
+        )
+    return revisions[0][0] if revisions else None
 
 
+@functools.cache
 def head_revision() -> str:
-    """The newest migration shipped with this version of merlin_flow."""
-    from alembic.script import ScriptDirectory
+    """The newest migration shipped with this version of merlin_flow.
 
-    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
-    head = script.get_current_head()
-    assert head is not None
-    return head
+    Read from the migration files (their ``revision`` and ``down_revision``) without
+    importing Alembic: the one revision no other revises.
+    """
+    revised: set[str] = set()
+    revisions: set[str] = set()
+    for path in (resource_dir("alembic") / "versions").glob("*.py"):
+        if path.name.startswith(("__init__", ".#")):
+            continue
+        names = _revision_names(path)
+        revision, down = names.get("revision"), names.get("down_revision")
+        if isinstance(revision, str):
+            revisions.add(revision)
+        revised.update([down] if isinstance(down, str) else down or ())
+    heads = revisions - revised
+    assert len(heads) == 1, f"the migrations have {len(heads)} heads: {sorted(heads)}"
+    return heads.pop()
+
+
+def _revision_names(path: Path) -> dict[str, Any]:
+    """A migration file's ``revision`` and ``down_revision``, as it assigns them."""
+    found: dict[str, Any] = {}
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
+            found[target.id] = ast.literal_eval(value)
+    return found
 
 
 def open_database(url: str) -> Database:

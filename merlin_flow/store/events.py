@@ -59,6 +59,8 @@ class EventKind(StrEnum):
     ATTEMPT_RESUMED = "attempt_resumed"
     ATTEMPT_COMMITTED = "attempt_committed"
     ATTEMPT_ERROR = "attempt_error"
+    CONTEXT_CONDENSED = "context_condensed"
+    """An attempt's conversation was condensed to fit its model's window (docs/context.md)."""
     WRITE_REFUSED = "write_refused"
     """A change a `[permissions]` deny forbids was undone after the attempt."""
     PERMISSIONS_UNENFORCED = "permissions_unenforced"
@@ -173,6 +175,16 @@ class ParkedData(TypedDict):
     tries: int
 
 
+class CondensedData(TypedDict):
+    """A condensation: how (masked, summarised, dropped), tokens before and after."""
+
+    attempt: int
+    how: str
+    before: int
+    after: int
+    forced: bool
+
+
 class FinishedData(TypedDict):
     """A closed job: its patch file."""
 
@@ -192,6 +204,7 @@ EventData = (
     | EnvironmentData
     | FinishedData
     | ParkedData
+    | CondensedData
 )
 
 DATA: Mapping[EventKind, type[Any]] = {
@@ -199,6 +212,7 @@ DATA: Mapping[EventKind, type[Any]] = {
     EventKind.ATTEMPT_RESUMED: AttemptData,
     EventKind.ATTEMPT_COMMITTED: AttemptData,
     EventKind.ATTEMPT_ERROR: AttemptData,
+    EventKind.CONTEXT_CONDENSED: CondensedData,
     EventKind.SECRET_IN_DIFF: AttemptData,
     EventKind.VERIFY_FAILED: ExitCodeData,
     EventKind.INTEGRATION_FAILED: IntegrationFailedData,

@@ -42,6 +42,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+IDENTIFIER = {"identifier": True}
+"""``info`` of a ``Text`` column that holds one of merlin's own identifiers (a path, a
+branch, a model): never redacted (``database._may_hold_secrets``)."""
+
+
 class Base(DeclarativeBase):
     """Base of merlin's tables."""
 
@@ -55,15 +60,15 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     title: Mapped[str] = mapped_column(Text)
-    repo: Mapped[str] = mapped_column(Text)
+    repo: Mapped[str] = mapped_column(Text, info=IDENTIFIER)
     status: Mapped[str] = mapped_column(String(24), index=True)
-    branch: Mapped[str] = mapped_column(Text)
+    branch: Mapped[str] = mapped_column(Text, info=IDENTIFIER)
     base_commit: Mapped[str] = mapped_column(String(64))
     head_commit: Mapped[str] = mapped_column(String(64))
     tasklist: Mapped[dict[str, Any]] = mapped_column(JSON)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
-    patch_path: Mapped[str | None] = mapped_column(Text)
+    patch_path: Mapped[str | None] = mapped_column(Text, info=IDENTIFIER)
     budget_usd: Mapped[float | None] = mapped_column(Float)
     replay_of: Mapped[str | None] = mapped_column(String(32))
     """For a job made by ``merlin replay``: the job whose journal answers its calls."""
@@ -152,7 +157,7 @@ class Attempt(Base):
     number: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
     tier: Mapped[str] = mapped_column(String(64))
-    model: Mapped[str] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(Text, info=IDENTIFIER)
     # running -> committed -> passed | failed; or running -> error (the agent gave up)
     status: Mapped[str] = mapped_column(String(16))
     start_commit: Mapped[str] = mapped_column(String(64))
@@ -195,7 +200,7 @@ class LlmCall(Base):
     turn: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     run: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     tier: Mapped[str] = mapped_column(String(64))
-    model: Mapped[str] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(Text, info=IDENTIFIER)
     request_hash: Mapped[str] = mapped_column(String(64), index=True)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,21 +1,19 @@
 """MCP servers as tool sources: `[mcp_servers.NAME]` started per attempt, their tools offered.
 
 ``open_mcp_tools`` starts every configured server for one attempt and yields one
-``McpTool`` per tool the servers list, named ``mcp__<server>__<tool>`` and shaped as an
-OpenAI function call, so that they pass the same permission rules and are journaled as
-the built-in tools are. On exit every server is stopped.
+``McpTool`` per tool listed, named ``mcp__<server>__<tool>``, an OpenAI function call
+that passes the permission rules and journal of the built-in tools; on exit all stop.
 
 - A stdio server (``command``/``args``) runs in the step's sandbox as a command would:
   the worktree at ``/workspace``, the allowlisted environment plus the server's ``env``,
   no secret, no network unless ``[sandbox] network``, the same limits; it dies with it.
-- A ``url`` server is reached over streamable HTTP by the worker itself: nothing is
-  started, and the sandbox does not bound what that server can reach.
+- A ``url`` server is reached over streamable HTTP by the worker itself: nothing starts,
+  and the sandbox does not bound what that server reaches.
 
 The MCP SDK is asynchronous: per open set, an event loop runs in a thread of its own, a
-task there holds each server's session open, and calls are submitted to that loop. Every
-wait is bounded by the server's ``timeout`` (start and listing together; each call). A
-server that cannot start or list its tools raises ``ToolSourceError`` naming it and the
-reason (for stdio, its stderr's tail); a failed call returns ``error: ...``.
+task there holds each server's session open, calls are submitted to that loop, and every
+wait is bounded by the server's ``timeout`` (start and listing together; each call).
+A failed start raises ``ToolSourceError`` (stdio: with stderr's tail); calls: ``error: ...``.
 """
 
 from __future__ import annotations
@@ -198,8 +196,21 @@ class _LoopThread:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.closed = False
-        self._thread = threading.Thread(target=self.loop.run_forever, name="mcp", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="mcp", daemon=True)
         self._thread.start()
+
+    def _serve(self) -> None:
+        """Run the loop; once stopped, end its tasks and close it, as ``asyncio.run`` does."""
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            tasks = asyncio.all_tasks(self.loop)
+            for task in tasks:
+                task.cancel()
+            self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
 
     def run(self, coroutine: Coroutine[Any, Any, _T], timeout: float) -> _T:
         """Run ``coroutine`` on the loop; TimeoutError (and it is cancelled) past ``timeout``."""
@@ -214,14 +225,10 @@ class _LoopThread:
             raise
 
     def close(self) -> None:
-        """Stop the loop and its thread (every server is stopped by then)."""
-        with contextlib.suppress(TimeoutError, RuntimeError):
-            self.run(self.loop.shutdown_asyncgens(), STOP_SECONDS)
+        """Stop the loop (every server is stopped by then); its thread closes it."""
         self.closed = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(STOP_SECONDS)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 class _Server:
@@ -343,14 +350,10 @@ class _Server:
     def failure(self, error: BaseException) -> str:
         """Why the server could not be used, for ``ToolSourceError``."""
         if self._argv is None:
-            return (
-                f"MCP server {self.name!r} at {self.config.url} could not be reached or did "
-                f"not list its tools: {_reason(error)}"
-            )
-        return (
-            f"MCP server {self.name!r} ({self.config.command}) could not start or did not "
-            f"list its tools: {_reason(error)}{self._stderr_note()}"
-        )
+            failed = f"at {self.config.url} could not be reached or did not list its tools"
+        else:
+            failed = f"({self.config.command}) could not start or did not list its tools"
+        return f"MCP server {self.name!r} {failed}: {_reason(error)}{self._stderr_note()}"
 
     def _stderr_note(self) -> str:
         """The end of a stdio server's stderr, as the tail of an error ("" if none)."""

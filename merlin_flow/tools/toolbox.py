@@ -40,7 +40,7 @@ from merlin_flow.models.llm import MAX_ARGUMENT_CHARS
 from merlin_flow.tools.memo import DEFAULT_WINDOW, ReadMemo
 from merlin_flow.tools.schemas import FINISH as FINISH  # re-exported: the loop acts on it
 from merlin_flow.tools.schemas import TOOL_SCHEMAS as TOOL_SCHEMAS  # re-exported
-from merlin_flow.tools.views import closest, line_number, numbered, occurrences
+from merlin_flow.tools.views import RangeError, closest, line_number, numbered_range, occurrences
 from merlin_flow.workspace.checkout import Checkout
 
 MAX_READ_CHARS = 100_000
@@ -50,8 +50,13 @@ MAX_FILE_BYTES = 16 * 2**20
 """Largest file `read_file`, `edit_file` and `grep` read into memory."""
 MAX_NAME_CHARS = 100  # how much of an unknown tool's name its error reply repeats
 MAX_LIST_ENTRIES = 500
-MAX_GREP_MATCHES = 200
+MAX_GREP_MATCHES = 50
+"""Most matches grep answers with (SWE-agent's cap); then it asks for a narrower query."""
 
+GREP_STOPPED = (
+    f"[stopped at {MAX_GREP_MATCHES} matches: narrow the query (a more specific pattern, "
+    "or a path) to see the others]"
+)
 READ_ONLY_TOOLS = ("read_file", "list_files", "grep")
 """The tools of a question's agent: it reads, lists and greps, and changes nothing."""
 FINISHED = "finished"
@@ -144,6 +149,8 @@ class Toolbox:
         self.readable = readable
         self._memo = ReadMemo(memo_window)
         self._turn = 0
+        self.read_chars = MAX_READ_CHARS
+        """Longest text one read answers with; a longer file is read in numbered windows."""
         self._tools: dict[str, Callable[..., str]] = {
             "read_file": self.read_file,
             "write_file": self.write_file,
@@ -162,6 +169,16 @@ class Toolbox:
             self._extra = {name: tool for name, tool in self._extra.items() if name in only}
         if offer_finish:
             self._tools[FINISH] = self.finish
+
+    def add(self, tools: Sequence[ExternalTool]) -> None:
+        """Offer ``tools`` too (the conversation's own: ``read_output``, ``todo``)."""
+        for tool in tools:
+            if tool.name not in self._tools and tool.name != FINISH:
+                self._extra.setdefault(tool.name, tool)
+
+    def forget_reads(self) -> None:
+        """Send the next read of any file whole (earlier copies left the conversation)."""
+        self._memo = ReadMemo(self._memo.window)
 
     @property
     def names(self) -> list[str]:
@@ -205,7 +222,7 @@ class Toolbox:
             return f"error: {name} failed: the file is not UTF-8 text ({exc.reason})"
         except (TypeError, ValueError) as exc:
             return f"error: bad arguments for {name}: {exc}"
-        except ToolRefused as exc:
+        except (ToolRefused, RangeError) as exc:
             return f"error: {exc}"
         except (OSError, re.error) as exc:
             return f"error: {name} failed: {exc}"
@@ -234,13 +251,10 @@ class Toolbox:
         rel = self._rel(target)
         if first is None and last is None:
             reply, part = text, ""
-            if len(text) > MAX_READ_CHARS:
-                reply = (
-                    text[:MAX_READ_CHARS] + f"\n[truncated at {MAX_READ_CHARS} characters; "
-                    f"{rel} has {len(text.splitlines())} lines: read on with start_line]"
-                )
+            if len(text) > self.read_chars:  # a window of it, numbered, that says so
+                reply = numbered_range(rel, text.splitlines(), 1, None, self.read_chars)
         else:
-            reply = _numbered_range(rel, text.splitlines(), first or 1, last)
+            reply = numbered_range(rel, text.splitlines(), first or 1, last, self.read_chars)
             part = f" (lines {first or 1}-{last or 'end'})"
         since = self._memo.unchanged_since((rel, first, last), text, self._turn)
         if since is not None:
@@ -322,7 +336,7 @@ class Toolbox:
                 if regex.search(line):
                     matches.append(f"{self._rel(file)}:{number}: {line}")
                     if len(matches) >= MAX_GREP_MATCHES:
-                        return "\n".join([*matches, f"[stopped at {MAX_GREP_MATCHES} matches]"])
+                        return "\n".join([*matches, GREP_STOPPED])
         return "\n".join(matches) if matches else "(no matches)"
 
     def run_command(self, command: str, timeout: float | None = None) -> str:
@@ -376,18 +390,3 @@ class Toolbox:
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self.root).as_posix()
-
-
-def _numbered_range(rel: str, lines: list[str], first: int, last: int | None) -> str:
-    """Lines ``first`` to ``last`` of a file, numbered, under a header with its line count."""
-    total = len(lines)
-    if first > total:
-        raise ToolRefused(f"start_line {first} is past the end: {rel} has {total} lines")
-    if last is not None and last < first:
-        raise ToolRefused(f"end_line {last} is before start_line {first}")
-    end = total if last is None else min(last, total)
-    note = f" (end_line {last} is past the end)" if last is not None and last > total else ""
-    body = numbered(lines[first - 1 : end], first)
-    if len(body) > MAX_READ_CHARS:
-        body = body[:MAX_READ_CHARS] + f"\n[truncated at {MAX_READ_CHARS} characters]"
-    return f"{rel}: lines {first}-{end} of {total}{note}\n{body}"

@@ -41,6 +41,35 @@ def line_number(value: object, name: str) -> int | None:
     return value
 
 
+class RangeError(Exception):
+    """A line range outside the file (the tool answers with it as an error)."""
+
+
+def numbered_range(rel: str, lines: list[str], first: int, last: int | None, limit: int) -> str:
+    """Lines ``first`` to ``last`` of a file, numbered, under a header with its line count.
+
+    As many lines as fit ``limit`` characters are shown (one at least, cut if it alone is
+    longer), and the header says where to read on.
+    """
+    total = len(lines)
+    if first > total:
+        raise RangeError(f"start_line {first} is past the end: {rel} has {total} lines")
+    if last is not None and last < first:
+        raise RangeError(f"end_line {last} is before start_line {first}")
+    end = total if last is None else min(last, total)
+    note = f" (end_line {last} is past the end)" if last is not None and last > total else ""
+    width, used, shown = len(str(end)) + 1, 0, first - 1
+    while shown < end and (shown < first or used + width + len(lines[shown]) + 1 <= limit):
+        used += width + len(lines[shown]) + 1
+        shown += 1
+    body = numbered(lines[first - 1 : shown], first)
+    if len(body) > limit:  # one line longer than the limit
+        body = body[:limit] + f"\n[line {first} cut at {limit} characters]"
+    if shown < end:
+        note += f"; the rest does not fit one read: read on with start_line {shown + 1}"
+    return f"{rel}: lines {first}-{shown} of {total}{note}\n{body}"
+
+
 def numbered(lines: list[str], first: int) -> str:
     """``lines`` numbered from ``first``, ``cat -n`` style (right-aligned number, tab)."""
     width = len(str(first + len(lines) - 1))

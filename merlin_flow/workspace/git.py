@@ -97,6 +97,12 @@ def find_repository(path: Path) -> Path:
         check=False,
     )
     lines = proc.stdout.split()
+    if "dubious ownership" in proc.stderr:  # a work tree another user owns
+        raise RepositoryError(
+            f"git refuses {path.resolve()}: it belongs to another user than this process "
+            f"(uid {os.getuid()}); run merlin as its owner, or let git trust it: "
+            f"git config --global --add safe.directory {path.resolve()}"
+        )
     if proc.returncode != 0 or not lines or lines[0] != "true":
         raise RepositoryError(f"not a git work tree: {path.resolve()}")
     top = Path(lines[1])

@@ -97,8 +97,8 @@ NETWORK_ENV = (
     "GOSUMDB",
     "GOINSECURE",
 )
-"""Proxy and package-index variables, passed to commands that have the network, unless
-they carry credentials (a URL with a password or token)."""
+"""Proxy and index variables, given to commands with the network unless they hold credentials."""
+PROBE = ("--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "true")
 MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssl/private", "/etc/sudoers.d")
 TOP_LEVEL = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -348,8 +348,9 @@ def _names(confinement: Confinement, paths: Sequence[Path]) -> str:
 def sandbox_problem() -> str | None:
     """Why bubblewrap cannot be used on this machine, or None when it works.
 
-    It is tried once per process: found on PATH, and able to start a command with every
-    namespace unshared (user namespaces can be off in containers).
+    Tried once per process: found on PATH, and able to start a command with every
+    namespace unshared and a /proc of its own, as a step's sandbox (user namespaces can be
+    off in containers, and a container's masked /proc refuses a new one).
     """
     bwrap = shutil.which("bwrap")
     if bwrap is None:
@@ -358,15 +359,14 @@ def sandbox_problem() -> str | None:
             "`apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`), or set "
             '`[sandbox] mode = "none"` in merlin.toml to run step commands unconfined'
         )
-    probe = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"]
     try:
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+        proc = subprocess.run([bwrap, *PROBE], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bubblewrap ({bwrap}) could not be started: {exc}"
     if proc.returncode != 0:
         return (
-            f"bubblewrap ({bwrap}) cannot create a sandbox here: {proc.stderr.strip()} "
-            "(user namespaces may be disabled: see docs/security.md)"
+            f"bubblewrap ({bwrap}) cannot create a sandbox here: {proc.stderr.strip()} (user "
+            "namespaces may be disabled, or a container's /proc masked: see docs/security.md)"
         )
     return None
 

@@ -1,14 +1,17 @@
 """Benchmark: the embedded broker's polling interval, per-step overhead against idle CPU.
 
-Run: ``python -m tests.bench.broker_poll`` (about 2 minutes). For each interval it starts a
+Run: ``python -m tests.bench.broker_poll`` (about 2 minutes; ``--smoke``: one interval,
+one job, 1 s idle, under a minute). For each interval it starts a
 real ``merlin worker`` (prefork, 2 processes) on a fresh MERLIN_HOME, measures the CPU the
 idle worker burns over 10 s, then runs jobs of 5 steps whose scripted model answers at once
 and whose exit command is ``true``, so the time per step is orchestration alone (two chain
-hops, the lease claims, two git worktrees, the commit). Prints a Markdown table.
+hops, the lease claims, two git worktrees, the commit). Prints a Markdown table. The
+worker is stopped, its whole process group, however the run ends (Ctrl-C and SIGTERM too).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -18,15 +21,9 @@ import time
 from pathlib import Path
 
 from merlin_flow.store import Job, open_database
+from tests.bench.processes import stop_group, terminated_as_exit, wait_until
 from tests.conftest import make_repo
-from tests.e2e.helpers import (
-    merlin,
-    merlin_env,
-    start_worker,
-    stop_worker,
-    wait_for,
-    write_job_files,
-)
+from tests.e2e.helpers import merlin, merlin_env, start_worker, write_job_files
 
 INTERVALS = [0.02, 0.05, 0.1, 0.25]
 STEPS = 5
@@ -55,26 +52,29 @@ def group_cpu_seconds(pgid: int) -> float:
     return total / ticks
 
 
-def measure(interval: float, work: Path) -> dict[str, float]:
+def measure(interval: float, work: Path, idle_seconds: float, jobs: int) -> dict[str, float]:
     """Idle CPU and per-step time for one polling interval."""
     home = work / f"home-{interval}"
     env = merlin_env(home, MERLIN_BROKER_POLL_INTERVAL=str(interval), MERLIN_SWEEP_INTERVAL="15")
     tasklist, config = write_job_files(work / f"job-{interval}", local=INSTANT, tasklist=TASKLIST)
     repo = make_repo(work / f"repo-{interval}", {"README.md": "bench\n"})
     log = work / f"worker-{interval}.log"
+    db = open_database(f"sqlite:///{home / 'merlin.db'}")
     worker = start_worker(env, log, "--concurrency", "2")
     try:
-        wait_for(lambda: "ready." in log.read_text(errors="replace"), 60, "the worker to start")
+        what = f"`merlin worker` (polling every {interval:g} s) to log 'ready.'"
+        wait_until(lambda: "ready." in log.read_text(errors="replace"), what, [worker], [log])
         time.sleep(2)
         cpu0 = group_cpu_seconds(worker.pid)
-        time.sleep(IDLE_SECONDS)
-        idle = (group_cpu_seconds(worker.pid) - cpu0) / IDLE_SECONDS * 100
-        db = open_database(f"sqlite:///{home / 'merlin.db'}")
+        time.sleep(idle_seconds)
+        idle = (group_cpu_seconds(worker.pid) - cpu0) / idle_seconds * 100
         per_step = []
-        for _ in range(JOBS):
+        for _ in range(jobs):
             out = merlin(
                 env, "submit", str(tasklist), "--repo", str(repo), "--config", str(config), "--json"
             )
+            if out.returncode != 0:
+                raise RuntimeError(f"merlin submit failed: {out.stderr}")
             job_id = json.loads(out.stdout)["job_id"]
 
             def finished(job_id: str = job_id) -> Job | None:
@@ -82,22 +82,27 @@ def measure(interval: float, work: Path) -> dict[str, float]:
                     job = session.get(Job, job_id)
                     return job if job is not None and job.finished_at is not None else None
 
-            job = wait_for(finished, 120, "the job", poll=0.05)
-            assert job.status == "completed", job.error
+            job = wait_until(finished, f"job {job_id} to finish", [worker], [log], 120, 0.05)
+            if job.status != "completed":
+                raise RuntimeError(f"job {job_id} ended {job.status}: {job.error}")
             per_step.append((job.finished_at - job.started_at).total_seconds() / STEPS)
-        db.dispose()
     finally:
-        stop_worker(worker)
+        stop_group(worker)
+        db.dispose()
     return {"interval": interval, "idle_cpu": idle, "per_step": statistics.median(per_step)}
 
 
 def main() -> None:
     """Run every interval and print the table."""
-    with tempfile.TemporaryDirectory(prefix="merlin-bench-") as tmp:
-        rows = [measure(interval, Path(tmp)) for interval in INTERVALS]
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="0.1 s, one job, 1 s idle")
+    args = parser.parse_args()
+    intervals, idle, jobs = ([0.1], 1.0, 1) if args.smoke else (INTERVALS, IDLE_SECONDS, JOBS)
+    with terminated_as_exit(), tempfile.TemporaryDirectory(prefix="merlin-bench-") as tmp:
+        rows = [measure(interval, Path(tmp), idle, jobs) for interval in intervals]
     print(
         "| polling interval | idle worker CPU (% of one core) "
-        f"| time per step (median of {JOBS} jobs x {STEPS} steps) |"
+        f"| time per step (median of {jobs} jobs x {STEPS} steps) |"
     )
     print("|---|---|---|")
     for row in rows:

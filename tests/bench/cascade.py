@@ -1,6 +1,7 @@
 """Benchmark: what a cascade saves. Always premium, always cheapest, merlin's routing.
 
-Run: ``python -m tests.bench.cascade [--jobs 60] [--seed 2026]`` (about 5 minutes).
+Run: ``python -m tests.bench.cascade [--jobs 60] [--seed 2026]`` (about 5 minutes;
+``--smoke``: 3 jobs, always premium against merlin, under a minute).
 
 The workload is ``--jobs`` one-step Debug jobs, a third each easy, medium and hard. Each
 job is its own git repository whose ``answer()`` returns 41; ``python check.py`` passes
@@ -21,6 +22,9 @@ exit command. Costs are the journal's (``llm_calls.cost_usd``) at ``PRICES``.
   defaults), fix then escalate on a failed exit command; and the same with
   ``fix_attempts = 0`` (in this workload a fix never succeeds where its tier failed, so
   fixes are pure cost: the pessimistic case for merlin).
+
+The worker is stopped, its whole process group, however the run ends (Ctrl-C and SIGTERM
+too).
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.bench.processes import stop_group, terminated_as_exit, wait_until
 
 DIFFICULTIES = ("easy", "medium", "hard")
 TIERS = ("local", "fast", "premium")
@@ -155,19 +161,19 @@ def config_for(work: Path, job: BenchJob, strategy: str) -> Any:
 
 
 def run_strategy(
-    strategy: str, work: Path, jobs: list[BenchJob], repos: list[Path]
+    strategy: str, work: Path, jobs: list[BenchJob], repos: list[Path], worker: Any, log: Path
 ) -> dict[str, Any]:
     """Submit every job under ``strategy``, wait for all of them, and sum the outcome."""
     from sqlalchemy import func, select
 
     from merlin_flow.jobs.submission import create_job
     from merlin_flow.planning.routing import Complexity, complexity_of
-    from merlin_flow.settings import get_settings
+    from merlin_flow.settings import Settings
     from merlin_flow.store import Job, LlmCall, open_database
     from merlin_flow.tasklist import parse_tasklist
     from workers.canvas import enqueue_job
 
-    settings = get_settings()
+    settings = Settings(home=work / "home")  # the worker's (not this process's MERLIN_HOME)
     db = open_database(settings.database)
     ids: dict[str, BenchJob] = {}
     started = time.monotonic()
@@ -190,16 +196,18 @@ def run_strategy(
         job_id = create_job(db, settings, tasklist, repo, config_for(work, job, strategy))
         enqueue_job(db, job_id)
         ids[job_id] = job
-    while True:
+
+    def finished() -> bool:
         with db.reader() as session:
             left = session.scalar(
                 select(func.count())
                 .select_from(Job)
                 .where(Job.id.in_(list(ids)), Job.finished_at.is_(None))
             )
-        if not left:
-            break
-        time.sleep(0.5)
+        return not left
+
+    what = f"{len(ids)} jobs ({strategy}) to finish"
+    wait_until(finished, what, [worker], [log], timeout=300 + 30 * len(ids), poll=0.5)
     elapsed = time.monotonic() - started
     with db.reader() as session:
         statuses = dict(
@@ -237,14 +245,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=60, help="jobs in the workload (≥ 3)")
     parser.add_argument("--seed", type=int, default=2026, help="seed of the success draws")
+    parser.add_argument("--smoke", action="store_true", help="3 jobs, premium against merlin")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="merlin-cascade-") as tmp:
+    strategies = list(STRATEGIES)
+    if args.smoke:
+        args.jobs, strategies = 3, [strategies[0], strategies[-1]]
+    with terminated_as_exit(), tempfile.TemporaryDirectory(prefix="merlin-cascade-") as tmp:
         work = Path(tmp)
+        import tests.conftest  # noqa: F401  (it sets MERLIN_HOME on import: first, then ours)
+
         # Before merlin_flow reads its settings: a fresh home with its own database and broker.
         os.environ["MERLIN_HOME"] = str(work / "home")
         for name in ("MERLIN_DATABASE_URL", "MERLIN_BROKER_URL"):
             os.environ.pop(name, None)
-        from tests.e2e.helpers import merlin_env, start_worker, stop_worker, wait_for
+        from tests.e2e.helpers import merlin_env, start_worker
         from workers.app import app as celery_app
 
         celery_app.set_default()
@@ -253,10 +267,15 @@ def main() -> None:
         log = work / "worker.log"
         worker = start_worker(merlin_env(work / "home"), log, "--concurrency", "2")
         try:
-            wait_for(lambda: "ready." in log.read_text(errors="replace"), 60, "the worker")
-            rows = [run_strategy(name, work, jobs, repos) for name in STRATEGIES]
+            wait_until(
+                lambda: "ready." in log.read_text(errors="replace"),
+                "`merlin worker` to log 'ready.'",
+                [worker],
+                [log],
+            )
+            rows = [run_strategy(name, work, jobs, repos, worker, log) for name in strategies]
         finally:
-            stop_worker(worker)
+            stop_group(worker)
     print_table(rows, args.jobs, args.seed)
 
 

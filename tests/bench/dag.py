@@ -1,7 +1,8 @@
 """Benchmark: steps as a graph. Four equal steps at once, against the same steps chained.
 
 Run: ``python -m tests.bench.dag [--runs 3] [--delay 2] [--workers 4]`` (about 70 s).
-It writes its section of docs/BENCHMARKS.md (``--no-docs`` to leave the file alone).
+It writes its section of docs/BENCHMARKS.md (``--no-docs`` to leave the file alone;
+``--smoke``: one job of each variant on 2 workers, 0.2 s delay, never writes it).
 
 It starts ``--workers`` real ``merlin worker --concurrency 1`` processes (every queue,
 the embedded SQLite store and broker in a temporary ``MERLIN_HOME``), then submits jobs
@@ -39,11 +40,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
+
+from tests.bench.docs_section import write_section
+from tests.bench.processes import READY_SECONDS, stop_group, terminated_as_exit, wait_until
 
 STEPS = ("s1", "s2", "s3", "s4")
 VARIANTS = ("chained", "parallel")
@@ -148,29 +151,28 @@ class Bench:
         return [self.work / f"worker{n}.log" for n in range(self.args.workers)]
 
     def start_workers(self) -> None:
-        from tests.e2e.helpers import start_worker, wait_for
+        from tests.e2e.helpers import start_worker
 
         for log in self.logs:
             self.workers.append(start_worker(self.env, log))
             time.sleep(self.args.stagger)
-        wait_for(
+        self.wait(
             lambda: all("ready." in log.read_text(errors="replace") for log in self.logs),
-            180,
-            f"{len(self.logs)} workers to be ready",
+            f"{len(self.logs)} `merlin worker` processes to log 'ready.'",
         )
 
-    def stop_workers(self) -> None:
-        from tests.e2e.helpers import kill_worker, stop_worker
+    def wait(self, predicate: Any, what: str, timeout: float = READY_SECONDS) -> Any:
+        """Poll ``predicate`` while every worker runs; an error with their logs' tails if not."""
+        return wait_until(predicate, what, self.workers, self.logs, timeout=timeout)
 
-        for worker in self.workers:  # warm shutdown of all at once, then reap each
+    def stop_workers(self) -> None:
+        """A warm shutdown of all at once, then each one's whole process group."""
+        for worker in self.workers:
             with contextlib.suppress(ProcessLookupError):
                 if worker.poll() is None:
                     os.kill(worker.pid, signal.SIGTERM)
         for worker in self.workers:
-            try:
-                stop_worker(worker)
-            finally:
-                kill_worker(worker)  # the whole group, children included, if any is left
+            stop_group(worker)
         if self._db is not None:
             self._db.dispose()
 
@@ -186,7 +188,7 @@ class Bench:
         """Submit one job of ``variant``, wait until it finished, and read its figures."""
         from merlin_flow.store import Job
         from tests.conftest import make_repo
-        from tests.e2e.helpers import merlin, wait_for
+        from tests.e2e.helpers import merlin
 
         self.jobs += 1
         repo = make_repo(self.work / f"repo{self.jobs}", {"README.md": "bench\n"})
@@ -201,7 +203,7 @@ class Bench:
             with self.db.reader() as session:
                 return session.get_one(Job, job_id).finished_at is not None
 
-        wait_for(finished, 120 + 10 * self.args.delay, f"job {job_id} to finish", poll=0.1)
+        self.wait(finished, f"job {job_id} to finish", 120 + 10 * self.args.delay)
         return self._read(variant, job_id, started)
 
     def _read(self, variant: str, job_id: str, started: float) -> JobRun:
@@ -269,20 +271,6 @@ def most_at_once(intervals: list[tuple[float, float]]) -> int:
         running += change
         most = max(most, running)
     return most
-
-
-@contextlib.contextmanager
-def terminated_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit, so the workers and the temporary folder are cleaned up."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def measure(args: argparse.Namespace) -> tuple[list[JobRun], float, float]:
@@ -413,6 +401,8 @@ def step_rows(summary: Summary) -> list[list[str]]:
     """One row per kind of step: verify-to-complete times."""
     rows = []
     for label, group in summary.groups():
+        if not group:
+            continue
         times = [s.verify_to_complete for s in group]
         median = statistics.median(times)
         commands = group[0].commands if group else 0
@@ -561,16 +551,8 @@ What the figures mean:
 """
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace this benchmark's section of ``path`` (up to the next ``## ``), or append it."""
-    lines = path.read_text().splitlines(keepends=True)
-    start = next((n for n, line in enumerate(lines) if line.rstrip() == HEADING), None)
-    if start is None:
-        path.write_text("".join(lines).rstrip("\n") + f"\n\n{text}")
-        return
-    end = next((n for n in range(start + 1, len(lines)) if lines[n].startswith("## ")), len(lines))
-    after = "".join(lines[end:])
-    path.write_text("".join(lines[:start]) + text + ("\n" + after if after else ""))
+SMOKE = {"runs": 1, "delay": 0.2, "workers": 2, "stagger": 0.0, "no_docs": True}
+"""The smallest run (``--smoke``): one job of each variant; docs/BENCHMARKS.md untouched."""
 
 
 def main() -> None:
@@ -582,13 +564,16 @@ def main() -> None:
     parser.add_argument("--stagger", type=float, default=0.5, help="seconds between worker starts")
     parser.add_argument("--docs", type=Path, default=DOCS, help="the file to write the section to")
     parser.add_argument("--no-docs", action="store_true", help="print only")
+    parser.add_argument("--smoke", action="store_true", help=f"the smallest run: {SMOKE}")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     with terminated_as_exit():
         runs, seconds, load = measure(args)
     summary = Summary(runs, seconds, load)
     print_tables(summary, args)
     if not args.no_docs:
-        write_section(args.docs, section(summary, args))
+        write_section(args.docs, HEADING, section(summary, args))
         print(f"wrote the section {HEADING[3:]!r} of {args.docs}")
 
 

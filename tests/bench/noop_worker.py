@@ -24,14 +24,22 @@ def noop_task(marker: str | None = None) -> None:
             handle.write(f"{time.time():.6f}")
 
 
-def noop_chain(length: int, marker: str) -> Any:
-    """A bare chain of ``length`` no-op tasks, the baseline a job is measured against.
+def noop_chain(on: Any, length: int, marker: str) -> Any:
+    """A bare chain of ``length`` no-op tasks on the Celery app ``on``: the baseline.
 
     They alternate the llm and verify queues like a job's step and verify tasks; the
-    last one, on the control queue, touches ``marker``.
+    last one, on the control queue, touches ``marker``. The signatures are made by
+    ``on``, so they go to its broker: ``noop_task.si()`` would publish through this
+    module's app, whose broker is that of the settings at import (another home's).
     """
     signatures = [
-        noop_task.si().set(queue=("llm", "verify")[index % 2]) for index in range(length - 1)
+        on.signature(NOOP_TASK, immutable=True, queue=("llm", "verify")[index % 2])
+        for index in range(length - 1)
     ]
-    signatures.append(noop_task.si(marker).set(queue="control"))
-    return chain(*signatures)
+    signatures.append(on.signature(NOOP_TASK, (marker,), immutable=True, queue="control"))
+    return chain(*signatures, app=on)
+
+
+def ping(on: Any, queue: str, marker: str) -> None:
+    """Publish one no-op on ``queue`` of ``on``'s broker that touches ``marker``."""
+    on.signature(NOOP_TASK, (marker,), immutable=True, queue=queue).apply_async()

@@ -1,10 +1,12 @@
 """Benchmark: merlin_flow's orchestration overhead per step against a bare Celery chain.
 
 Run: ``python -m tests.bench.overhead`` (about 6 minutes; ``--backends embedded`` for the
-embedded one only). For each backend (the embedded SQLite store and broker; Redis +
-Postgres on this machine) it starts one real worker of merlin's Celery app (prefork, 2
-processes, every queue; ``tests/bench/noop_worker.py`` adds the no-op task) and
-measures, in one run:
+embedded one only; ``--smoke``: the smallest sizes, under a minute). For each backend (the
+embedded SQLite store and broker; Redis + Postgres: a ``redis-server`` of the run's own,
+or ``MERLIN_TEST_REDIS_URL``'s, and a database of its own on ``MERLIN_TEST_POSTGRES_URL``'s
+server, dropped after, as the tests have them) it starts one real worker of merlin's
+Celery app (prefork, 2 processes, every queue; ``tests/bench/noop_worker.py`` adds the
+no-op task), waits until it has run a no-op from each queue, and measures, in one run:
 
 - a bare chain: ``2 * steps + 1`` no-op tasks (``merlin.bench.noop``) alternating the llm and
   verify queues like a job's step and verify tasks, then a final one on control; time
@@ -12,26 +14,35 @@ measures, in one run:
 - a merlin job of ``steps`` steps whose scripted model answers at once and whose exit
   command is ``true``: time from ``enqueue_job`` to ``finished_at``, divided by ``steps``
   (the step's lease claims, two git worktrees, the commit, the journal, the database);
-- throughput: 50 jobs of 5 steps submitted at once, against 50 bare chains of 11 tasks;
+- throughput: 50 jobs of 5 steps submitted at once, against 50 bare chains of 11 tasks
+  (``--concurrent``, ``--throughput-steps``);
 - the per-step time again after 10,000 finished jobs (5 steps, attempts, journal rows
   and events each) were written to the database.
 
-Prints Markdown tables with medians and ratios.
+Prints Markdown tables with medians and ratios. The worker is stopped, its whole process
+group, however the run ends (a failure, Ctrl-C, SIGTERM). ``--smoke`` runs both backends
+(Redis + Postgres is skipped with a notice where they are missing, unless ``CI`` is set).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.bench.processes import log_tail, stop_group, terminated_as_exit, wait_until
+
+QUEUES = ("control", "llm", "verify")
 INSTANT = "rules:\n  - reply: {content: done}\n"
 
 
@@ -81,18 +92,19 @@ class Bench:
         self.repo = make_repo(self.work / "repo", {"README.md": "bench\n"})
         self.markers = self.work / "markers"
         self.markers.mkdir()
+        self.log = self.work / "worker.log"
+        self.worker: subprocess.Popen[bytes] | None = None
 
     def start_worker(self) -> None:
-        import subprocess
+        """Start the worker in its own process group; wait until it serves every queue."""
+        from tests.bench.noop_worker import ping
+        from tests.e2e.helpers import merlin_env
 
-        from tests.e2e.helpers import merlin_env, wait_for
-
-        log = self.work / "worker.log"
-        env = merlin_env(self.work / "home", **{k: v for k, v in self.env.items()})
+        env = merlin_env(self.work / "home", **self.env)
         # merlin's worker (`merlin worker` runs the same app) plus the no-op baseline task.
         command = [sys.executable, "-m", "celery", "-A", "tests.bench.noop_worker", "worker"]
-        options = ["--queues=control,llm,verify", "--concurrency=2", "--loglevel=WARNING"]
-        with log.open("ab") as handle:
+        options = [f"--queues={','.join(QUEUES)}", "--concurrency=2", "--loglevel=WARNING"]
+        with self.log.open("ab") as handle:
             self.worker = subprocess.Popen(
                 [*command, *options],
                 env=env,
@@ -101,32 +113,43 @@ class Bench:
                 start_new_session=True,
                 cwd=Path(__file__).resolve().parents[2],
             )
-        wait_for(lambda: "ready" in log.read_text(errors="replace") or self._ping(), 90, "worker")
+        # At WARNING the worker logs nothing when it is ready: a no-op on each queue,
+        # published through this backend's broker, shows that it is up and consuming.
+        markers = {queue: self.markers / f"ready-{queue}" for queue in QUEUES}
+        for queue, marker in markers.items():
+            ping(self.app, queue, str(marker))
+        broker = self.settings.broker.split("@")[-1]
+        wait_until(
+            lambda: all(marker.exists() for marker in markers.values()),
+            f"the {self.name} worker (celery -A tests.bench.noop_worker, broker {broker}) "
+            f"to run a no-op from each of its queues {', '.join(QUEUES)}",
+            [self.worker],
+            [self.log],
+        )
 
-    def _ping(self) -> bool:
-        # The worker logs "ready." at INFO only; at WARNING, a no-op chain shows it is up.
-        return self.bare_chains(1, 1, timeout=2.0) is not None
-
-    def stop_worker(self) -> None:
-        from tests.e2e.helpers import stop_worker
-
-        stop_worker(self.worker)
+    def close(self) -> None:
+        """Stop the worker's whole process group; close the database."""
+        stop_group(self.worker)
         self.db.dispose()
 
-    def bare_chains(self, count: int, tasks: int, timeout: float = 300) -> float | None:
-        """Seconds for ``count`` chains of ``tasks`` no-ops published at once; None on timeout."""
+    def wait(self, predicate: Any, timeout: float, what: str) -> Any:
+        """Poll ``predicate`` while the worker runs; an error with its log's tail if not."""
+        return wait_until(predicate, what, [self.worker] if self.worker else [], [self.log],
+                          timeout=timeout, poll=0.005)  # fmt: skip
+
+    def bare_chains(self, count: int, tasks: int, timeout: float = 300) -> float:
+        """Seconds for ``count`` chains of ``tasks`` no-ops published at once."""
         from tests.bench.noop_worker import noop_chain
 
-        self.app.set_default()
         markers = [self.markers / uuid.uuid4().hex for _ in range(count)]
         started = time.time()
         for marker in markers:
-            noop_chain(tasks, str(marker)).apply_async()
-        deadline = time.monotonic() + timeout
-        while not all(m.exists() and m.read_text() for m in markers):
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.005)
+            noop_chain(self.app, tasks, str(marker)).apply_async()
+        self.wait(
+            lambda: all(m.exists() and m.read_text() for m in markers),
+            timeout,
+            f"{count} bare chains of {tasks} no-ops",
+        )
         return max(float(m.read_text()) for m in markers) - started
 
     def jobs(self, count: int, steps: int) -> float:
@@ -138,6 +161,7 @@ class Bench:
         from workers.canvas import enqueue_job
 
         self.app.set_default()
+        self.app.set_current()  # merlin's tasks are shared: they publish through it
         ids = [
             create_job(self.db, self.settings, tasklist(steps), self.repo, self.config)
             for _ in range(count)
@@ -145,22 +169,30 @@ class Bench:
         started = time.time()
         for job_id in ids:
             enqueue_job(self.db, job_id)
-        while True:
+
+        def finished() -> bool:
             with self.db.reader() as session:
                 left = session.scalar(
                     select(func.count())
                     .select_from(Job)
                     .where(Job.id.in_(ids), Job.finished_at.is_(None))
                 )
-            if not left:
-                break
-            time.sleep(0.01)
+            return not left
+
+        self.wait(finished, 120 + 5 * count * steps, f"{count} jobs of {steps} steps to finish")
         with self.db.reader() as session:
-            rows = session.execute(select(Job.status, Job.finished_at).where(Job.id.in_(ids)))
-            statuses, finished = zip(*rows.all(), strict=True)
-        assert set(statuses) == {"completed"}, statuses
+            rows = session.execute(
+                select(Job.status, Job.finished_at, Job.error).where(Job.id.in_(ids))
+            )
+            statuses, finished_at, errors = zip(*rows.all(), strict=True)
+        if set(statuses) != {"completed"}:
+            raise RuntimeError(
+                f"jobs ended {sorted(set(statuses))}: {[e for e in errors if e][:3]}\n"
+                f"--- the last lines of {self.log}:\n{log_tail(self.log)}"
+            )
         # finished_at is naive UTC, written by the worker when it finalized the job.
-        return max(f.replace(tzinfo=UTC).timestamp() for f in finished) - started
+        last: float = max(f.replace(tzinfo=UTC).timestamp() for f in finished_at)
+        return last - started
 
 
 def seed_finished_jobs(bench: Bench, count: int, steps: int = 5) -> float:
@@ -175,7 +207,11 @@ def seed_finished_jobs(bench: Bench, count: int, steps: int = 5) -> float:
     config = bench.config.model_dump(mode="json")
     chunk = 1000
     for offset in range(0, count, chunk):
-        jobs, step_rows, attempts, calls, events = [], [], [], [], []
+        jobs: list[dict[str, Any]] = []
+        step_rows: list[dict[str, Any]] = []
+        attempts: list[dict[str, Any]] = []
+        calls: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
         for n in range(offset, min(count, offset + chunk)):
             job_id = f"seed{n:08d}"
             jobs.append(
@@ -224,93 +260,117 @@ def measure(bench: Bench, steps: int, samples: int) -> dict[str, list[float]]:
     """Alternate bare chains and jobs, ``samples`` of each; per-step seconds."""
     bare, merlin = [], []
     for _ in range(samples):
-        seconds = bench.bare_chains(1, 2 * steps + 1)
-        assert seconds is not None, "a bare chain timed out"
-        bare.append(seconds / steps)
+        bare.append(bench.bare_chains(1, 2 * steps + 1) / steps)
         merlin.append(bench.jobs(1, steps) / steps)
     return {"bare": bare, "merlin": merlin}
 
 
-def run_backend(name: str, work: Path, env: dict[str, str], args: argparse.Namespace) -> dict:
+def run_backend(
+    name: str, work: Path, env: dict[str, str], args: argparse.Namespace
+) -> dict[str, Any]:
     bench = Bench(name, work, env)
-    bench.start_worker()
+    begun = time.monotonic()
+
+    def done(what: str) -> None:
+        print(f"  {name}: {what} at {time.monotonic() - begun:.1f} s", file=sys.stderr)
+
     try:
+        bench.start_worker()
+        done("worker ready")
         bench.bare_chains(1, 3)
         bench.jobs(1, 1)  # warm up: imports, first connections
+        done("warmed up")
         empty = measure(bench, args.steps, args.samples)
-        jobs_seconds = bench.jobs(args.concurrent, 5)
-        chains_seconds = bench.bare_chains(args.concurrent, 11)
+        done("measured")
+        jobs_seconds = bench.jobs(args.concurrent, args.throughput_steps)
+        chains_seconds = bench.bare_chains(args.concurrent, 2 * args.throughput_steps + 1)
+        done("throughput measured")
         seed_seconds = seed_finished_jobs(bench, args.seed_jobs)
         full = measure(bench, args.steps, args.samples)
+        done("measured after seeding")
     finally:
-        bench.stop_worker()
+        bench.close()
     return {
         "name": name,
         "empty": empty,
         "full": full,
-        "throughput_merlin": args.concurrent * 5 / jobs_seconds,
-        "throughput_bare": args.concurrent * 5 / (chains_seconds or float("nan")),
+        "throughput_merlin": args.concurrent * args.throughput_steps / jobs_seconds,
+        "throughput_bare": args.concurrent * args.throughput_steps / chains_seconds,
         "seed_seconds": seed_seconds,
     }
 
 
-def scaled_env(work: Path) -> tuple[dict[str, str], Any]:
-    """A fresh Postgres database and a Redis server of the run's own, and a cleanup function."""
-    from contextlib import ExitStack
+class Unavailable(RuntimeError):
+    """Redis or Postgres is not there for the Redis + Postgres backend."""
 
-    from sqlalchemy import create_engine, text
 
-    from tests.redis_server import own_redis_server
+@contextlib.contextmanager
+def scaled_env(work: Path) -> Iterator[dict[str, str]]:
+    """A fresh Postgres database and a Redis server of the run's own, as the tests have them.
 
-    admin_url = os.environ.get(
-        "MERLIN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-    )
-    name = f"merlin_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    servers = ExitStack()
-    redis_url = servers.enter_context(own_redis_server(work / "redis")) + "/14"
+    The database is made on ``MERLIN_TEST_POSTGRES_URL``'s server (``test`` on this machine
+    by default) and dropped after; Redis is ``tests/redis_server.py``'s: a ``redis-server``
+    on a free port, stopped after, or ``MERLIN_TEST_REDIS_URL``'s, whose database 1 is
+    emptied after. A developer's own data is never touched.
+    """
+    import pytest
+    import redis
 
-    def cleanup() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-        servers.close()
+    from tests.conftest import _postgres_database
+    from tests.redis_server import NoRedisServer, own_redis_server
 
-    env = {
-        "MERLIN_DATABASE_URL": admin_url.rsplit("/", 1)[0] + f"/{name}",
-        "MERLIN_BROKER_URL": redis_url,
-    }
-    return env, cleanup
+    with contextlib.ExitStack() as stack:
+        try:
+            database_url = stack.enter_context(contextlib.contextmanager(_postgres_database)())
+            redis_url = stack.enter_context(own_redis_server(work / "redis")) + "/1"
+        except (pytest.skip.Exception, pytest.fail.Exception, NoRedisServer) as exc:
+            raise Unavailable(str(exc)) from None
+        client = redis.Redis.from_url(redis_url)
+        stack.callback(client.close)
+        client.flushdb()  # our own database of our own server, or of the tests' given one
+        stack.callback(client.flushdb)
+        yield {"MERLIN_DATABASE_URL": database_url, "MERLIN_BROKER_URL": redis_url}
+
+
+SMOKE = {"steps": 1, "samples": 1, "concurrent": 2, "throughput_steps": 1, "seed_jobs": 20}
+"""The smallest run (``--smoke``): each part once, on both backends."""
 
 
 def main() -> None:
     """Measure each backend and print the tables."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--backends", default="embedded,redis+postgres")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--concurrent", type=int, default=50)
+    parser.add_argument("--throughput-steps", type=int, default=5, help="steps of those jobs")
     parser.add_argument("--seed-jobs", type=int, default=10_000)
+    parser.add_argument("--smoke", action="store_true", help=f"the smallest run: {SMOKE}")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     results = []
-    with tempfile.TemporaryDirectory(prefix="merlin-overhead-") as tmp:
+    with terminated_as_exit(), tempfile.TemporaryDirectory(prefix="merlin-overhead-") as tmp:
         work = Path(tmp)
-        os.environ["MERLIN_HOME"] = str(work / "default-home")  # before workers.app loads
+        # Before workers.app loads: a home of this run's own, never a developer's broker.
+        os.environ["MERLIN_HOME"] = str(work / "default-home")
+        for variable in ("MERLIN_DATABASE_URL", "MERLIN_BROKER_URL", "MERLIN_CONFIG"):
+            os.environ.pop(variable, None)
         for name in args.backends.split(","):
             if name == "embedded":
                 results.append(run_backend(name, work, {}, args))
-            else:
-                env, cleanup = scaled_env(work)
-                try:
+                continue
+            try:
+                with scaled_env(work) as env:
                     results.append(run_backend(name, work, env, args))
-                finally:
-                    cleanup()
+            except Unavailable as exc:
+                if not args.smoke or os.environ.get("CI"):
+                    raise SystemExit(f"{name}: {exc}") from None
+                print(f"{name}: skipped, {exc}", file=sys.stderr)
     print_tables(results, args)
 
 
-def print_tables(results: list[dict], args: argparse.Namespace) -> None:
+def print_tables(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     """Medians and ratios, then throughput."""
     med = statistics.median
     print(f"per step, median of {args.samples} runs of {args.steps} steps\n")
@@ -329,7 +389,7 @@ def print_tables(results: list[dict], args: argparse.Namespace) -> None:
             f"| {r['name']} | {bare * 1000:.0f} ms | {merlin * 1000:.0f} ms | "
             f"{merlin / bare:.1f}x | {full * 1000:.0f} ms | {full / merlin:.2f}x |"
         )
-    print(f"\nthroughput, {args.concurrent} jobs of 5 steps at once\n")
+    print(f"\nthroughput, {args.concurrent} jobs of {args.throughput_steps} steps at once\n")
     print("| backend | bare chains (steps/s) | merlin_flow (steps/s) | seeding time |")
     print("|---|---|---|---|")
     for r in results:

@@ -5,11 +5,12 @@ with a long README, then plans one request that attaches a file with ``@path``, 
 with a scripted planner (offline: the time is merlin's, not a model's). Prints the
 context's size against ``[planning] context_tokens``, the planner's prompt tokens, and
 the median and slowest time to read the context and to make the whole plan (the first
-run includes litellm's import).
+run includes litellm's import). ``--smoke``: 100 files, one run, a few seconds.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import tempfile
@@ -34,30 +35,35 @@ ANSWER = (
 )
 
 
-def build_repository(root: Path) -> Path:
-    """A git repository of FILES files in nested packages, a README and a big core.py."""
-    for n in range(FILES - 2):
+def build_repository(root: Path, files: int = FILES) -> Path:
+    """A git repository of ``files`` files in nested packages, a README and a big core.py."""
+    for n in range(files - 2):
         path = root / "pkg" / f"area_{n // 100:02d}" / f"module_{n:04d}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f'"""Module {n}."""\n\nVALUE = {n}\n')
     (root / "pkg" / "core.py").write_text("def render(x):\n    return str(x)\n" * 2000)
     (root / "README.md").write_text("# Big\n\n" + "How the project works.\n" * 2000)
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "big"]):
+    identity = ["-c", "user.name=bench", "-c", "user.email=bench@example.com"]
+    for args in (["init", "-q"], ["add", "-A"], [*identity, "commit", "-qm", "big"]):
         subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
     return root
 
 
 def main() -> None:
     """Print a Markdown table of the context's size and the planning times."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="100 files, one run")
+    args = parser.parse_args()
+    files, runs = (100, 1) if args.smoke else (FILES, RUNS)
     with tempfile.TemporaryDirectory(prefix="merlin-bench-") as folder:
-        repo = build_repository(Path(folder) / "repo")
+        repo = build_repository(Path(folder) / "repo", files)
         script = Path(folder) / "planner.yaml"
         script.write_text(yaml.safe_dump({"rules": [{"reply": {"content": ANSWER}}]}))
         config = MerlinConfig(tiers=[Tier(name="local", model=f"scripted/{script}")])
         head = head_commit(repo)
         budget = config.planning.context_tokens
         read_times, plan_times, prompt_tokens, context_tokens = [], [], 0, 0
-        for _ in range(RUNS):
+        for _ in range(runs):
             started = time.perf_counter()
             context = read_context(repo, head, ("pkg/core.py",), budget)
             read_times.append(time.perf_counter() - started)
@@ -69,7 +75,7 @@ def main() -> None:
         print(f"files in the commit: {context.tree_total}; shown in the tree: {len(context.tree)}")
         print(f"context: {context_tokens} tokens of a {budget}-token budget")
         print(f"planner prompt: {prompt_tokens} tokens; steps: {len(plan.steps)}\n")
-        print(f"| what | median of {RUNS} | slowest |")
+        print(f"| what | median of {runs} | slowest |")
         print("|---|---|---|")
         for what, times in (("read the context", read_times), ("make the plan", plan_times)):
             print(

@@ -8,11 +8,13 @@ Run: ``python -m tests.bench.sandbox``. Measures, on this machine:
   with pytest and one more package) built with a cold uv cache, with a warm one, and
   found ready (what every attempt after the first pays).
 
-Prints Markdown tables for docs/BENCHMARKS.md.
+Prints Markdown tables for docs/BENCHMARKS.md. ``--smoke``: 3 runs of each command, the
+same three builds (a few seconds with uv's cache warm).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
@@ -41,9 +43,9 @@ test = ["pytest", "inflection"]
 """
 
 
-def _times(argv: list[str], box: Confinement, config: Sandbox) -> list[float]:
+def _times(argv: list[str], box: Confinement, config: Sandbox, runs: int) -> list[float]:
     times = []
-    for _ in range(RUNS):
+    for _ in range(runs):
         started = time.perf_counter()
         result = run_confined(argv, box, config, 60)
         times.append(time.perf_counter() - started)
@@ -51,16 +53,16 @@ def _times(argv: list[str], box: Confinement, config: Sandbox) -> list[float]:
     return times
 
 
-def per_command(folder: Path) -> None:
+def per_command(folder: Path, runs: int = RUNS) -> None:
     """Print the cost of one command, direct and sandboxed."""
     box = Confinement(
         worktree=folder, read_only=python_mounts(None), path=(str(Path(sys.executable).parent),)
     )
-    print(f"| command | mode none (median of {RUNS}) | bwrap (median) | bwrap (slowest) |")
+    print(f"| command | mode none (median of {runs}) | bwrap (median) | bwrap (slowest) |")
     print("|---|---|---|---|")
     for argv in (["true"], ["python", "-c", "pass"]):
-        direct = _times(argv, box, Sandbox(mode=SandboxMode.NONE))
-        confined = _times(argv, box, Sandbox())
+        direct = _times(argv, box, Sandbox(mode=SandboxMode.NONE), runs)
+        confined = _times(argv, box, Sandbox(), runs)
         print(
             f"| `{' '.join(argv)}` | {statistics.median(direct) * 1000:.1f} ms "
             f"| {statistics.median(confined) * 1000:.1f} ms | {max(confined) * 1000:.1f} ms |"
@@ -100,10 +102,13 @@ def environment_build(folder: Path) -> None:
 
 def main() -> None:
     """Run both measurements in a temporary folder."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="3 runs of each command")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="merlin-bench-sandbox-") as tmp:
         folder = Path(tmp)
         (folder / "worktree").mkdir()
-        per_command(folder / "worktree")
+        per_command(folder / "worktree", 3 if args.smoke else RUNS)
         print()
         environment_build(folder)
 

@@ -48,7 +48,8 @@ def test_jobs_complete_while_workers_are_killed(tmp_path: Path) -> None:
     campaign, result = run_campaign(
         tmp_path,
         ["--jobs", "8", "--steps", "2", "--workers", "2", "--backend", "sqlite",
-         "--kill-every", "1", "2", "--max-kills", "3", "--seed", "7", "--max-minutes", "3"],
+         "--kill-every", "1", "2", "--max-kills", "3", "--seed", "7", "--max-minutes", "3",
+         "--delay", "1"],
     )  # fmt: skip
     found, seconds = result.findings, result.seconds
     assert len(campaign.tally.kills) == 3

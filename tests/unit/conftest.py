@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, open_database
+from merlin_flow.store import Database, open_database, upgrade
 
 
 @pytest.fixture(scope="session")
@@ -33,3 +33,12 @@ def db(tmp_path: Path, migrated_sqlite: Path) -> Iterator[Database]:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path / "home")
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Database]:
+    """A migrated database of this test's own: SQLite in tmp_path, or a new Postgres one."""
+    database = Database(database_url)
+    upgrade(database)
+    yield database
+    database.dispose()

@@ -35,13 +35,15 @@ from merlin_flow.models.llm import MAX_ARGUMENT_CHARS, Completion
 from merlin_flow.models.tokens import conversation_text, count_tokens
 from merlin_flow.store.redaction import Redactor
 from merlin_flow.tool_config import Sandbox, SandboxMode
+from merlin_flow.tools.observations import MAX_CHARS
 from merlin_flow.tools.toolbox import MAX_WRITE_BYTES, Toolbox
 from merlin_flow.workspace.checkout import Checkout
 from merlin_flow.workspace.process import OUTPUT_TAIL_CHARS
 from merlin_flow.workspace.sandbox import Confinement, run_confined, sandbox_problem
 
 BRIEF = StepBrief("s1", "code", "be attacked", "", "true")
-TIER = Tier(name="hostile", model="function/hostile")
+TIER = Tier(name="hostile", model="function/hostile", context_window=1_000_000)
+"""A window that 5,000 calls fit: these tests are about memory and time, not condensation."""
 NONE = Sandbox(mode=SandboxMode.NONE)
 MODES = [
     pytest.param(SandboxMode.BWRAP, id="bwrap"),
@@ -212,11 +214,12 @@ BIG_WRITE = textwrap.dedent(
     from pathlib import Path
     from merlin_flow.agents.loop import run_agent, StepBrief
     from merlin_flow.config import Limits, Tier
-    from merlin_flow.models.llm import Completion
+    from merlin_flow.models.llm import Completion, litellm_module
     from merlin_flow.tool_config import Sandbox, SandboxMode
     from merlin_flow.tools.toolbox import Toolbox
     from merlin_flow.workspace.checkout import Checkout
 
+    litellm_module()  # loaded in every worker: the token counter uses its tokenizers
     START = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # code loaded
     root = Path(sys.argv[1])
     size = int(sys.argv[2])
@@ -402,7 +405,7 @@ def test_a_daemon_left_by_the_run_command_tool_is_killed(tmp_path: Path, mode: S
 
 def test_a_long_tool_answer_is_cut_and_a_truncated_read_keeps_its_note(tmp_path: Path) -> None:
     (tmp_path / "wide.txt").write_text(("match " + "w" * 2000 + "\n") * 150)
-    (tmp_path / "long.txt").write_text("r" * 150_000)
+    (tmp_path / "long.txt").write_text(("r" * 150 + "\n") * 1000)
     calls = [
         tool_call("grep", json.dumps({"pattern": "match"}), 0),
         tool_call("read_file", json.dumps({"path": "long.txt"}), 1),
@@ -410,9 +413,11 @@ def test_a_long_tool_answer_is_cut_and_a_truncated_read_keeps_its_note(tmp_path:
     transcript: list[dict[str, Any]] = []
     converse(tmp_path, Model({"content": "", "tool_calls": calls}, finish()), transcript=transcript)
     grep, read = [m["content"] for m in transcript if m["role"] == "tool"][:2]
-    assert len(grep) < MAX_KEPT_CHARS + 100
-    assert grep.endswith("characters in all]")
+    assert len(grep) < MAX_CHARS
+    assert "grep's output cut to fit the context" in grep
+    assert '"output": 1' in grep
     assert "read on with start_line" in read
+    assert len(read) < MAX_CHARS
 
 
 def test_a_huge_reply_is_bounded_before_the_journal_keeps_it() -> None:

@@ -352,7 +352,6 @@ UNTESTED = frozenset(
         "merlin_flow/cli/following.py", "merlin_flow/cli/operations.py",
         "merlin_flow/cli/pruning.py", "merlin_flow/cli/transcripts.py",
         "merlin_flow/jobs/agent_runs.py", "merlin_flow/jobs/demo.py", "merlin_flow/jobs/views.py",
-        "merlin_flow/planning/questions.py",
         "merlin_flow/resources.py", "merlin_flow/settings.py", "merlin_flow/store/database.py",
         "merlin_flow/store/models.py", "merlin_flow/workspace/command_guard.py",
         "workers/canvas.py", "workers/roles.py", "workers/sweeper.py",

@@ -7,6 +7,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 from sqlalchemy import select, update
 
 from merlin_flow.config import Limits, MerlinConfig, Tier
@@ -64,6 +65,7 @@ def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
     from merlin_flow.models.journal import CallContext, record_call
     from merlin_flow.models.llm import complete
     from merlin_flow.store import Attempt, LlmCall
+    from merlin_flow.tools.observations import READ_OUTPUT_SCHEMA, REPO_MAP_SCHEMA, TODO_SCHEMA
     from merlin_flow.tools.toolbox import TOOL_SCHEMAS
 
     tier = priced_tier(tmp_path, price_out=2.0)
@@ -77,7 +79,8 @@ def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
     plan, _repo, brief = _begin_attempt(
         HeldStep(db, settings, job_id, "s0", step_id, "dead", config)
     )
-    first = complete(tier, first_messages(brief, None), TOOL_SCHEMAS)
+    schemas = [*TOOL_SCHEMAS, READ_OUTPUT_SCHEMA, TODO_SCHEMA, REPO_MAP_SCHEMA]  # context's last
+    first = complete(tier, first_messages(brief, None), schemas)
     record_call(db, CallContext(job_id, step_id, plan.attempt_id, 1, tier), 0, 0, first, None)
     with db.session() as session:
         session.execute(
@@ -373,3 +376,25 @@ def test_a_key_format_in_an_allowed_path_is_committed(
     refused = job_view(db, other)["steps"][0]["attempts"][0]
     assert refused["status"] == "error"
     assert "tests/fixtures/aws.json:1: an AWS Access Key" in (refused["error"] or "")
+
+
+def test_a_summarys_citations_are_checked_at_the_attempts_commit(
+    db: Database, py_repo: Path, tmp_path: Path
+) -> None:
+    """app.py:2 holds at the attempt's commit; NOTES.md:3 does not (1 line written)."""
+    settings = Settings(home=tmp_path / "home")
+    script = tmp_path / "cites.yaml"
+    summary = "kept app.py:2 and NOTES.md:3"
+    calls = [{"name": "write_file", "arguments": {"path": "NOTES.md", "content": "ok\n"}},
+             {"name": "finish", "arguments": {"summary": summary}}]  # fmt: skip
+    script.write_text(yaml.safe_dump({"rules": [{"reply": {"tool_calls": calls}}]}))
+    config = MerlinConfig(tiers=[Tier(name="local", model=f"scripted/{script}")],
+                          exit_commands={"Debug": "true"})  # fmt: skip
+    steps = [{"id": "s0", "step_type": "Debug", "description": "write notes"}]
+    job_id = create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), py_repo,
+                        config)  # fmt: skip
+    execute_step(db, settings, job_id, "s0", "w:1")
+    summary = job_view(db, job_id)["steps"][0]["attempts"][0]["summary"]  # status --json
+    assert summary == (
+        "kept app.py:2 and NOTES.md:3 [citation invalid: line 3 is past the end (1 line)]"
+    )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -24,7 +23,7 @@ from merlin_flow.errors import BudgetExceeded
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import BudgetHold, Database, Job, JobStatus, upgrade, utcnow
+from merlin_flow.store import BudgetHold, Database, Job, JobStatus, utcnow
 from merlin_flow.tasklist import parse_tasklist
 from tests.unit.scripted_jobs import ONE_STEP, priced_tier
 
@@ -82,15 +81,6 @@ def test_a_budget_that_covers_the_job_lets_it_finish(
 # Budget holds: a call in flight holds its estimate, so parallel steps cannot overrun.
 
 ASK = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def store(database_url: str) -> Iterator[Database]:
-    """A migrated database of this test's own: SQLite in tmp_path, or a new Postgres one."""
-    database = Database(database_url)
-    upgrade(database)
-    yield database
-    database.dispose()
 
 
 def _dollar_a_token(tmp_path: Path) -> Tier:

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,16 +29,14 @@ from merlin_flow.engine.recovery import sweep
 from merlin_flow.jobs.submission import create_job
 from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
-from merlin_flow.store import Database, Step, upgrade, utcnow
+from merlin_flow.store import Database, Step, utcnow
 from merlin_flow.tasklist import parse_tasklist
 
 
 @pytest.fixture
-def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    upgrade(database)
-    yield database
-    database.dispose()
+def db(store: Database) -> Database:
+    """The migrated store of each backend (``store``, tests/unit/conftest.py)."""
+    return store
 
 
 def _job(

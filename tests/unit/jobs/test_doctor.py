@@ -35,6 +35,34 @@ def test_a_scripted_setup_passes(merlin_home: Path, tmp_path: Path) -> None:
     assert "uv venv" in checks["environment"]["detail"]
 
 
+def test_it_lists_the_configuration_files_read_in_order(
+    merlin_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = tmp_path / "etc" / "merlin.toml"
+    system.parent.mkdir()
+    system.write_text("[limits]\nmax_turns = 5\n")
+    monkeypatch.setenv("MERLIN_SYSTEM_CONFIG", str(system))
+    repo = make_repo(tmp_path / "repo", {"merlin.toml": SCRIPTED, "local.yaml": "rules: []\n"})
+    code, checks = doctor("--repo", str(repo))
+    lines = checks["config"]["detail"].splitlines()
+    assert [line.split(" ")[:2] for line in lines] == [
+        ["1.", "defaults"],
+        ["2.", "system"],
+        ["3.", "repository"],
+        ["not", "read:"],
+    ]
+    assert code == 0, checks
+    assert lines[1].endswith(str(system))
+    assert lines[2].endswith(str(repo / "merlin.toml"))
+    assert lines[3] == f"not read: user {merlin_home / 'merlin.toml'} (absent)"
+    ci = tmp_path / "ci.toml"  # MERLIN_CONFIG stands for --config
+    ci.write_text(SCRIPTED.replace("local.yaml", str(repo / "local.yaml")))
+    monkeypatch.setenv("MERLIN_CONFIG", str(ci))
+    _, checks = doctor("--repo", str(repo))
+    assert f"3. --config {ci}" in checks["config"]["detail"]
+    assert "(--config replaces it)" in checks["config"]["detail"]
+
+
 def test_a_tier_without_its_key_fails_and_says_what_to_set(
     merlin_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

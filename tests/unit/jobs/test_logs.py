@@ -172,3 +172,21 @@ def test_following_an_attempt_that_restarted_says_so_and_gives_its_messages_agai
     ended = {**restarted, "status": "failed"}
     assert [line["type"] for line in _attempt_lines("j", ended, shown, closed)] == ["attempt_end"]
     assert list(_attempt_lines("j", ended, shown, closed)) == []  # its end is given once
+
+
+def test_a_questions_citations_are_checked_and_kept_with_its_plan(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    from merlin_flow.jobs.views import job_view
+
+    answer = {"content": "It returns 41 (app.py:2 `return 41`), not 42 (app.py:9)."}
+    made = submit_request(db, settings, "What does answer() return?", str(_repo(tmp_path, answer)))
+    view = job_view(db, made.job_id)
+    assert [(c["citation"], c["ok"], c["problem"]) for c in view["plan"]["citations"]] == [
+        ("app.py:2", True, None),
+        ("app.py:9", False, "line 9 is past the end (2 lines)"),
+    ]
+    assert view["answer"] == (
+        "It returns 41 (app.py:2 `return 41`), not 42 (app.py:9 [citation invalid: line 9 is "
+        "past the end (2 lines)])."
+    )

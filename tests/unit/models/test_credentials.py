@@ -40,6 +40,17 @@ def test_a_hosted_tier_without_its_key_names_the_variable(
     assert tier_access(Tier(name="premium", model="anthropic/claude-sonnet-4-5")) is None
 
 
+def test_a_key_variable_set_to_nothing_is_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compose's `OPENAI_API_KEY: ${OPENAI_API_KEY:-}` sets it empty; litellm counts it."""
+    tier = Tier(name="fast", model="openai/gpt-4o-mini")
+    monkeypatch.setenv("OPENAI_API_KEY", "")
+    problem = tier_access(tier)
+    assert problem is not None
+    assert "OPENAI_API_KEY is set but empty" in problem
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert tier_access(tier) is None
+
+
 def test_a_local_tier_needs_its_server(monkeypatch: pytest.MonkeyPatch, local_server: str) -> None:
     monkeypatch.setenv("OLLAMA_API_BASE", "http://127.0.0.1:9")
     problem = tier_access(Tier(name="local", model="ollama_chat/qwen"))

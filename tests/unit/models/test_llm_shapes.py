@@ -190,19 +190,22 @@ def test_a_refusal_ends_the_attempt_with_its_reason(
         ("gemini", "exceeds the maximum number of tokens allowed (1048576)"),
     ],
 )
-def test_a_context_length_error_is_a_capability_failure_sent_once(
+def test_a_context_length_error_is_condensed_once_then_a_capability_failure(
     provider: str, words: str, server: ProviderServer, tmp_path: Path
 ) -> None:
     server.play(load(provider, "context_length"))
+    server.play(load(provider, "context_length"))  # the condensed request, refused again
     journal = Journal()
     with pytest.raises(AgentError, match="context window exceeded") as caught:
         agent(provider, server, tmp_path, journal)
 
     assert not isinstance(caught.value, ModelUnreachable)
     assert words in str(caught.value)
-    assert len(server.requests) == 1  # max_retry_attempts=3, yet the request is not repeated
+    # max_retry_attempts=3, yet the request is sent again once only: condensed.
+    assert len(server.requests) == 2
     assert server.check() == []
-    [(_, _, exc)] = journal.calls
+    [(_, _, first), (_, _, exc)] = journal.calls
+    assert first is not None
     assert exc is not None
     failure = examine(exc)
     assert (failure.kind, failure.what) == (FailureKind.CAPABILITY, "context window exceeded")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,69 @@ def test_a_file_the_permissions_refuse_is_never_shown_to_the_planner(tmp_path: P
     context = read_context(repo, head, (), 2000, readable=readable.path_readable)
     assert context.readme is None
     assert "# app" not in context.text()
+
+
+def shop(path: Path) -> tuple[Path, str]:
+    repo = make_repo(
+        path,
+        {
+            "shop/cart.py": "from shop.tax import apply_tax\n\nclass Cart:\n    def total(self):\n"
+            "        return apply_tax(1)\n",
+            "shop/tax.py": "def apply_tax(amount):\n    return amount\n",
+            "web/view.ts": "export function renderCart(): string { return 'cart' }\n",
+            "README.md": "# shop\n",
+        },
+    )
+    return repo, git(repo, "rev-parse", "HEAD")
+
+
+def test_the_repository_map_is_ranked_towards_the_request(tmp_path: Path) -> None:
+    repo, head = shop(tmp_path / "repo")
+    context = read_context(repo, head, (), 1000, request="the tax is applied twice")
+    assert context.repo_map.startswith("shop/tax.py:\n│def apply_tax(amount):\n")
+    text = context.text()
+    assert (
+        text.index("--- README.md ---")
+        < text.index("--- repository map")
+        < text.index("--- files (4) ---")
+    )
+    assert context.tokens <= 1000
+    settings_home = Path(os.environ["MERLIN_HOME"])
+    assert any((settings_home / "repo_map").iterdir())  # cached in MERLIN_HOME
+    attached = read_context(repo, head, ("web/view.ts",), 1000, map_cache=tmp_path / "cache")
+    assert attached.repo_map.startswith("web/view.ts:\n")
+
+
+def test_the_map_shows_no_file_the_permissions_refuse(tmp_path: Path) -> None:
+    repo, head = shop(tmp_path / "repo")
+    context = read_context(
+        repo, head, (), 1000, readable=lambda path: not path.startswith("shop/"), request="tax"
+    )
+    assert "shop/" not in context.repo_map
+    assert context.repo_map.startswith("web/view.ts:")
+
+
+def test_a_map_that_cannot_be_made_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from merlin_flow.errors import GitError
+    from merlin_flow.planning import context as context_module
+
+    def fail(*args: object, **kwargs: object) -> object:
+        raise GitError("git cat-file failed")
+
+    monkeypatch.setattr(context_module, "build_map", fail)
+    repo, head = shop(tmp_path / "repo")
+    context = read_context(repo, head, (), 1000, request="tax")
+    assert context.repo_map == ""
+    assert "repository map" not in context.text()
+    assert context.tree == ("README.md", "shop/cart.py", "shop/tax.py", "web/view.ts")
+
+
+def test_the_map_leaves_room_for_the_tree(tmp_path: Path) -> None:
+    repo, head = big_repo(tmp_path / "repo", 300)
+    context = read_context(repo, head, (), budget_tokens=2000, request="core")
+    assert context.repo_map.startswith("src/pkg/core.py:\n│def core():\n")
+    assert len(context.repo_map) <= 2000 * 4 // 2
+    assert len(context.tree) > 50
+    assert context.tokens <= 2000

@@ -7,14 +7,18 @@ from typing import Any
 import pytest
 
 from merlin_flow.config import MerlinConfig, Specs, Tier
+from merlin_flow.errors import GitError
 from merlin_flow.planning.spec_check import (
     Policy,
+    SpecOutcome,
     Violation,
     check_messages,
     parse_answer,
     policy,
     run_check,
+    with_citations,
 )
+from merlin_flow.store.events import EventKind
 
 V = Violation
 
@@ -98,3 +102,68 @@ def test_the_diff_is_cut_for_the_prompt() -> None:
     messages = check_messages("Invariants:\nx", "+" * 50_000)
     assert "[... diff cut]" in messages[1]["content"]
     assert len(messages[1]["content"]) < 30_000
+
+
+FILES = {"app.py": "def answer():\n    return 41\n", "docs/spec.md": "# Spec\n\nanswer() is 42.\n"}
+
+
+def _read(path: str) -> str | None:
+    return FILES.get(path)
+
+
+@pytest.mark.parametrize("mode", ["check", "enforce"])
+def test_citations_that_hold_leave_the_violations_as_they_are(mode: Any) -> None:
+    result = parse_answer("VIOLATION app.py:2: returns 41, docs/spec.md:3 `answer() is 42` says 42")
+    checked = with_citations(result, _read, mode)
+    assert checked.violations == result.violations
+    assert [str(r.citation) for r in checked.citations] == ["app.py:2", "docs/spec.md:3"]
+    assert all(r.ok for r in checked.citations)
+    assert not checked.unfounded
+    assert checked.invalid_citations() == ""
+
+
+def test_invalid_citations_are_marked_and_only_enforce_fails_the_check() -> None:
+    answer = "VIOLATION app.py:9: returns 41\nVIOLATION app.py:2: breaks gone.md:1"
+    result = parse_answer(answer)
+    marked = (
+        "VIOLATION app.py:9: returns 41 [citation invalid: line 9 is past the end (2 lines)]\n"
+        "VIOLATION app.py:2: breaks gone.md:1 [citation invalid: no such file]"
+    )
+    checked = with_citations(result, _read, "check")
+    assert checked.text() == marked
+    assert not checked.unfounded
+    invalid = "app.py:9: line 9 is past the end (2 lines); gone.md:1: no such file"
+    assert checked.invalid_citations() == invalid
+    warned = SpecOutcome(Policy.WARN, ("docs/spec.md",), checked)
+    assert not warned.fails
+    assert "do not hold" not in warned.event()[1]
+    assert warned.event()[1].endswith(marked)
+
+    enforced = with_citations(result, _read, "enforce")
+    assert enforced.text() == marked
+    assert enforced.unfounded
+    assert not enforced.passed
+    outcome = SpecOutcome(Policy.ENFORCE, ("docs/spec.md",), enforced)
+    assert outcome.fails
+    assert outcome.error().startswith(
+        f'spec check: its citations do not hold ([agents] citations = "enforce"): {invalid}\n'
+    )
+    assert outcome.error().endswith(marked)
+    kind, message = outcome.event()
+    assert kind is EventKind.SPEC_VIOLATION
+    assert f"its citations do not hold: {invalid}" in message
+    assert SpecOutcome(Policy.WARN, (), enforced).event()[0] is EventKind.SPEC_WARNING
+
+
+def test_a_pass_has_no_citations_to_check() -> None:
+    checked = with_citations(parse_answer("PASS"), _read, "enforce")
+    assert checked.passed
+    assert checked.citations == ()
+
+
+def test_citations_git_cannot_read_leave_the_result_alone() -> None:
+    def broken(_path: str) -> str | None:
+        raise GitError("git cat-file failed")
+
+    result = parse_answer("VIOLATION app.py:9: returns 41")
+    assert with_citations(result, broken, "enforce") == result

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm.attributes import flag_modified
 
-from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step, upgrade
+from merlin_flow.store import Attempt, Database, Event, Job, LlmCall, Step
 from merlin_flow.store.redaction import (
     REDACTED,
     Redactor,
@@ -191,11 +191,9 @@ def secret_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture
-def db(database_url: str) -> Iterator[Database]:
-    database = Database(database_url)
-    upgrade(database)
-    yield database
-    database.dispose()
+def db(store: Database) -> Database:
+    """The migrated store of each backend (``store``, tests/unit/conftest.py)."""
+    return store
 
 
 def _rows(db: Database, sql: str) -> list[str]:
@@ -361,3 +359,26 @@ def test_a_worker_without_the_secret_says_which_variable_it_lacks() -> None:
 
     with pytest.raises(ConfigError, match=r"\$OPENAI_API_KEY .* has no OPENAI_API_KEY"):
         fill_secrets("check ${merlin-secret:OPENAI_API_KEY}", {"HOME": "/"})
+
+
+def test_a_secret_that_reads_like_merlins_own_names_leaves_them_whole(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """POSTGRES_PASSWORD=merlin (compose's old default) turned the branch merlin/<job>
+    into [REDACTED]/<job>, and every job failed; identifiers are never redacted."""
+    monkeypatch.setenv("MERLIN_DATABASE_URL", "postgresql://merlin:merlin@db:5432/merlin")
+    reset_redactor()
+    try:
+        job_id, step_id = _job_step(db)
+        with db.session() as session:
+            step = session.get_one(Step, step_id)
+            step.result = "merlin/job1 moved"  # free text: redacted
+            step.lease_owner = "merlin-llm@host"
+        assert _rows(db, "SELECT id, repo, branch FROM jobs") == [
+            repr((job_id, "/repo", "merlin/job1"))
+        ]
+        assert _rows(db, "SELECT result, lease_owner FROM steps") == [
+            repr((f"{REDACTED}/job1 moved", "merlin-llm@host"))
+        ]
+    finally:
+        reset_redactor()

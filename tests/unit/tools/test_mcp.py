@@ -316,3 +316,27 @@ def test_result_text_describes_parts_and_marks_errors() -> None:
     assert result_text(CallToolResult(content=[])) == "(no output)"
     failed = CallToolResult(content=[TextContent(text="boom")], is_error=True)
     assert result_text(failed) == "error: boom"
+
+
+def test_a_loop_that_outlives_its_close_is_closed_by_its_own_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A stuck server can hold the loop past close()'s wait; the loop must still be closed
+    # when its thread ends, or its self-pipe leaks into whatever runs next.
+    import asyncio
+
+    import merlin_flow.tools.mcp as mcp
+
+    monkeypatch.setattr(mcp, "STOP_SECONDS", 0.1)
+    thread = mcp._LoopThread()
+
+    async def hog() -> None:
+        time.sleep(1.0)  # blocks the loop itself, as a stuck call would
+
+    thread.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(hog(), loop=thread.loop))
+    time.sleep(0.05)
+    thread.close()
+    assert thread.closed
+    assert not thread.loop.is_closed()  # close() gave up waiting
+    thread._thread.join(5)
+    assert thread.loop.is_closed()

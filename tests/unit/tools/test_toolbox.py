@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from merlin_flow.tools.toolbox import MAX_READ_CHARS, READ_ONLY_TOOLS, Toolbox
+from merlin_flow.tools.toolbox import (
+    GREP_STOPPED,
+    MAX_GREP_MATCHES,
+    MAX_READ_CHARS,
+    READ_ONLY_TOOLS,
+    Toolbox,
+)
 from tests.unit.tools.conftest import SECRET, World
 
 
@@ -200,11 +206,30 @@ def test_read_file_of_missing_file_is_an_error(world: World) -> None:
     assert "not a file" in reply
 
 
-def test_read_file_truncates_long_files(world: World) -> None:
+def test_read_file_cuts_a_line_longer_than_a_read(world: World) -> None:
     (world.root / "big.txt").write_text("x" * (MAX_READ_CHARS + 50))
     reply = world.box.call("read_file", {"path": "big.txt"})
-    assert reply.startswith("x" * MAX_READ_CHARS + "\n[truncated")
+    header, body = reply.split("\n", 1)
+    assert header == "big.txt: lines 1-1 of 1"
+    assert body.startswith("1\t" + "x" * 1000)
+    assert body.endswith(f"\n[line 1 cut at {MAX_READ_CHARS} characters]")
     assert len(reply) < MAX_READ_CHARS + 100
+
+
+def test_a_smaller_read_budget_reads_a_file_in_numbered_windows(world: World) -> None:
+    (world.root / "big.txt").write_text("".join(f"line {n}\n" for n in range(1, 301)))
+    world.box.read_chars = 200
+    first = world.box.call("read_file", {"path": "big.txt"})
+    header, body = first.split("\n", 1)
+    last_shown = int(body.splitlines()[-1].split("\t")[0])
+    assert header == (
+        f"big.txt: lines 1-{last_shown} of 300; the rest does not fit one read: "
+        f"read on with start_line {last_shown + 1}"
+    )
+    assert 10 < last_shown < 30
+    assert len(body) <= 200
+    on = world.box.call("read_file", {"path": "big.txt", "start_line": last_shown + 1})
+    assert on.splitlines()[1] == f"{last_shown + 1}\tline {last_shown + 1}"
 
 
 def test_read_file_of_binary_file_is_an_error(world: World) -> None:
@@ -501,3 +526,12 @@ def test_extra_tools_go_through_the_gate_and_only(world: World) -> None:
 def test_extra_tool_names_must_be_unique(world: World, name: str) -> None:
     with pytest.raises(ValueError, match="two tools are named"):
         Toolbox(world.root, extra=[Echo(), Echo(name)] if name.startswith("mcp") else [Echo(name)])
+
+
+def test_grep_stops_at_its_cap_and_asks_for_a_narrower_query(world: World) -> None:
+    (world.root / "many.txt").write_text("hit\n" * (MAX_GREP_MATCHES + 5))
+    lines = world.box.call("grep", {"pattern": "hit"}).splitlines()
+    assert len(lines) == MAX_GREP_MATCHES + 1
+    assert lines[-2] == f"many.txt:{MAX_GREP_MATCHES}: hit"
+    assert lines[-1] == GREP_STOPPED
+    assert "narrow the query" in GREP_STOPPED

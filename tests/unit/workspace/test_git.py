@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -66,6 +67,16 @@ def test_find_repository_rejects_a_plain_folder(tmp_path: Path) -> None:
     with pytest.raises(RepositoryError, match="not a git work tree") as info:
         find_repository(folder)
     assert str(folder.resolve()) in str(info.value)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder another user's needs root")
+def test_find_repository_says_when_git_refuses_another_users_repository(py_repo: Path) -> None:
+    """A volume mounted with the wrong owner: git's own reason, not "not a git work tree"."""
+    for path in [py_repo, *py_repo.rglob("*")]:
+        os.lchown(path, 65534, 65534)
+    with pytest.raises(RepositoryError, match="belongs to another user") as info:
+        find_repository(py_repo)
+    assert f"safe.directory {py_repo.resolve()}" in str(info.value)
 
 
 def test_find_repository_rejects_a_missing_path(tmp_path: Path) -> None:

@@ -260,6 +260,29 @@ def test_sandbox_problem_names_the_package(monkeypatch: pytest.MonkeyPatch) -> N
         sandbox_problem.cache_clear()
 
 
+def test_sandbox_problem_mounts_a_proc_as_a_steps_sandbox_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container whose /proc is masked lets bwrap start, but not mount a /proc: the
+    probe must meet that, or doctor says ok while every step fails."""
+    fake = tmp_path / "bwrap"
+    fake.write_text(
+        '#!/bin/sh\ncase " $* " in *" --proc /proc "*) '
+        'echo "bwrap: Can\'t mount proc on /newroot/proc: Operation not permitted" >&2; '
+        "exit 1;; esac\nexec true\n"
+    )
+    fake.chmod(0o755)
+    sandbox_problem.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        problem = sandbox_problem()
+    finally:
+        sandbox_problem.cache_clear()
+    assert problem is not None
+    assert "Can't mount proc on /newroot/proc" in problem
+    assert "a container's /proc masked" in problem
+
+
 def test_credentials_in_proxy_urls_are_not_passed(
     box: Confinement, monkeypatch: pytest.MonkeyPatch
 ) -> None:

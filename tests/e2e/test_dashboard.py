@@ -1,0 +1,222 @@
+"""`merlin ui` in Debian's Chromium (Selenium with Debian's chromedriver), against a real
+server process and a real worker: jobs appear and move without a reload, a plan is
+approved from the page and runs, reject asks first, and the token guards every door."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from tests.e2e.helpers import (
+    LOCAL_SCRIPT,
+    MERLIN,
+    merlin,
+    merlin_env,
+    start_worker,
+    status_json,
+    stop_worker,
+    wait_for,
+    write_job_files,
+)
+from tests.e2e.test_requests import PLANNER_RULES, REQUEST
+
+pytestmark = pytest.mark.e2e
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+TOKEN = "a-dashboard-token-of-32-chars..."
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=5
+        ) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, ConnectionError):
+        return 0  # not listening yet
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    if not (os.path.exists(CHROMIUM) and shutil.which("chromedriver")):
+        if os.environ.get("CI"):
+            pytest.fail("the dashboard's browser tests need Debian's chromium and chromium-driver")
+        pytest.skip("no Debian chromium and chromium-driver here")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--window-size=1280,1000"):  # fmt: skip
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class Dashboard:
+    """`merlin ui` and a worker on one MERLIN_HOME."""
+
+    def __init__(
+        self, tmp_path: Path, *args: str, token: str | None = None, sleep_seconds: float = 2
+    ) -> None:
+        local = LOCAL_SCRIPT.replace("rules:\n", "rules:\n" + PLANNER_RULES, 1)
+        self.tasklist, self.config = write_job_files(tmp_path / "job", local=local,
+                                                     sleep_seconds=sleep_seconds)  # fmt: skip
+        extra = {"MERLIN_UI_TOKEN": token} if token else {}
+        self.env = merlin_env(tmp_path / "home", **extra)
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        with (tmp_path / "ui.log").open("wb") as log:
+            self.server = subprocess.Popen(
+                [*MERLIN, "ui", "--port", self.url.rsplit(":", 1)[1], *args],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        self.worker = start_worker(self.env, tmp_path / "worker.log")
+        wait_for(lambda: _status(f"{self.url}/healthz") == 200, 60, "merlin ui to answer")
+
+    def submit(self, repo: Path, what: str) -> str:
+        done = merlin(self.env, "submit", what, "--repo", str(repo), "--config", str(self.config))
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def stop(self) -> None:
+        stop_worker(self.worker)
+        self.server.terminate()
+        self.server.wait(timeout=20)
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path) -> Iterator[Dashboard]:
+    board = Dashboard(tmp_path)
+    try:
+        yield board
+    finally:
+        board.stop()
+
+
+def test_a_job_appears_and_moves_without_a_reload(
+    browser: WebDriver, dashboard: Dashboard, py_repo: Path
+) -> None:
+    driver = browser
+    driver.get(dashboard.url)
+    driver.execute_script("window.loadedOnce = true")
+    job = dashboard.submit(py_repo, str(dashboard.tasklist))
+    note = wait_for(
+        lambda: (n := driver.find_element(By.ID, "new-jobs")).is_displayed() and n,
+        30,
+        "the new-jobs control",
+    )
+    assert note.text.startswith("new jobs: 1")
+    driver.get(f"{dashboard.url}/jobs/{job}")
+    driver.execute_script("window.loadedOnce = true")
+
+    def texts(selector: str) -> list[str]:
+        """The cells' texts, read at once: the page re-renders the job as it moves."""
+        found: list[str] = driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]),"
+            " (cell) => cell.textContent.trim())",
+            selector,
+        )
+        return found
+
+    assert texts('#job tr[data-step="fix"] td.status')[0] in ("Pending", "InProgress")
+    steps = "#job tr[data-step] td.status"
+    wait_for(lambda: texts(steps) == ["Completed"] * 3, 120, "the steps to pass on the page")
+    assert driver.execute_script("return window.loadedOnce") is True
+    assert status_json(dashboard.env, job)["status"] == "completed"
+    wait_for(lambda: texts("#job p .status") == ["completed"], 30, "the job's status")
+
+
+def test_a_plan_is_approved_from_the_page_and_reject_asks_first(
+    browser: WebDriver, dashboard: Dashboard, py_repo: Path
+) -> None:
+    driver = browser
+    planned = json.loads(merlin(dashboard.env, "submit", REQUEST, "--repo", str(py_repo),
+                                "--config", str(dashboard.config), "--json").stdout)  # fmt: skip
+    job = planned["job_id"]
+    assert planned["status"] == "awaiting_approval"
+    driver.get(f"{dashboard.url}/jobs/{job}")
+    assert "Fix answer()" in driver.find_element(By.TAG_NAME, "table").text
+    driver.find_element(By.CSS_SELECTOR, 'form[action$="/reject"] button').click()
+    alert = driver.switch_to.alert
+    assert alert.text == f"reject job {job}?"
+    alert.dismiss()
+    assert status_json(dashboard.env, job)["status"] == "awaiting_approval"
+    driver.find_element(By.CSS_SELECTOR, 'form[action$="/approve"] button').click()
+    wait_for(lambda: status_json(dashboard.env, job)["status"] == "completed", 120, "the job")
+    view = status_json(dashboard.env, job)
+    assert view["plan"]["approved_by"] == "merlin ui"
+
+
+def test_the_token_guards_pages_and_stream_and_read_only_offers_nothing(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    board = Dashboard(tmp_path, "--host", "0.0.0.0", "--read-only", token=TOKEN)
+    try:
+        for path in ("/", "/events?after=0", "/api/jobs/x"):
+            assert _status(board.url + path) == 401, path
+        assert _status(board.url + "/", {"Authorization": f"Bearer {TOKEN}"}) == 200
+        driver = browser
+        driver.get(board.url)
+        assert driver.current_url.endswith("/login")
+        driver.find_element(By.NAME, "token").send_keys(TOKEN)
+        driver.find_element(By.TAG_NAME, "button").click()
+        wait_for(lambda: driver.find_elements(By.ID, "jobs"), 10, "the jobs page")
+        assert "read-only" in driver.find_element(By.TAG_NAME, "header").text
+        assert driver.find_elements(By.CSS_SELECTOR, 'form[method="post"]') == []  # no action
+    finally:
+        board.stop()
+
+
+def test_the_attempt_panel_follows_a_running_transcript_without_moving_the_reader(
+    browser: WebDriver, tmp_path: Path, py_repo: Path
+) -> None:
+    driver = browser
+    driver.set_window_size(1280, 420)  # a short window: the panel scrolls
+    board = Dashboard(tmp_path, sleep_seconds=6)
+    try:
+        job = board.submit(py_repo, str(board.tasklist))
+        driver.get(f"{board.url}/jobs/{job}")
+        bar = 'a.bar.running[data-panel="slow#1"]'
+        wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, bar), 60, "slow#1 to run")
+        driver.find_element(By.CSS_SELECTOR, bar).click()
+        wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "#panel #transcript li"), 10,
+                 "the panel")  # fmt: skip
+        assert driver.current_url.endswith(f"/jobs/{job}")  # a panel, not a new page
+        panel = driver.find_element(By.ID, "panel")
+        script = "return [arguments[0].querySelectorAll('#transcript li').length," \
+                 " arguments[0].scrollHeight, arguments[0].clientHeight]"  # fmt: skip
+        first, height, shown = driver.execute_script(script, panel)
+        assert height > shown + 40, "the panel should scroll in a short window"
+        driver.execute_script("arguments[0].scrollTop = 20", panel)
+        wait_for(lambda: driver.execute_script(script, panel)[0] > first, 30,
+                 "the transcript to grow while the step runs")  # fmt: skip
+        assert driver.execute_script("return arguments[0].scrollTop", panel) == 20
+        wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, 'a.bar.passed[data-panel="slow#1"]'),
+                 60, "slow#1 to pass")  # fmt: skip
+        selected = driver.find_elements(By.CSS_SELECTOR, "a.bar.selected")
+        assert [a.get_attribute("data-panel") for a in selected] == ["slow#1"]  # kept on re-render
+    finally:
+        board.stop()

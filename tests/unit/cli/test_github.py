@@ -1,0 +1,66 @@
+"""`merlin github`'s bad input: exit code 2 with what is missing, before any call is made."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from merlin_flow.cli.app import app
+
+ACTIONS = ("GITHUB_EVENT_NAME", "GITHUB_EVENT_PATH", "GITHUB_REPOSITORY", "GITHUB_WORKSPACE")
+
+
+@pytest.fixture
+def actions(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, merlin_home: Path) -> Path:
+    event = tmp_path / "event.json"
+    event.write_text('{"action": "created"}')
+    for name, value in zip(
+        ACTIONS, ("issues", str(event), "acme/shop", str(tmp_path)), strict=True
+    ):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("GITHUB_TOKEN", "ghs_x")
+    monkeypatch.setenv("GITHUB_API_URL", "http://127.0.0.1:9")  # nothing must be asked
+    return event
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["github", *args])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def test_outside_github_actions_it_says_which_variables_are_missing(
+    actions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GITHUB_EVENT_PATH")
+    monkeypatch.delenv("GITHUB_WORKSPACE")
+    code, output = run()
+    assert code == 2
+    assert "GITHUB_EVENT_PATH, GITHUB_WORKSPACE not set" in output
+
+
+def test_no_token(actions: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GITHUB_TOKEN")
+    assert run() == (2, "error: no token: set GITHUB_TOKEN (or MERLIN_GITHUB_TOKEN) for the step")
+
+
+def test_an_unreadable_payload_or_another_event(
+    actions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actions.write_text("{not json")
+    code, output = run()
+    assert code == 2
+    assert f"cannot read the event payload {actions}" in output
+    actions.write_text("{}")
+    monkeypatch.setenv("GITHUB_EVENT_NAME", "workflow_dispatch")
+    code, output = run()
+    assert code == 2
+    assert "not 'workflow_dispatch'" in output
+
+
+def test_an_event_with_nothing_to_do_exits_0_without_a_call(actions: Path) -> None:
+    actions.write_text('{"action": "opened", "sender": {"login": "a", "type": "User"}}')
+    code, output = run()
+    assert code == 0
+    assert "merlin github: nothing to do (issues opened: only a label starts merlin)" in output
