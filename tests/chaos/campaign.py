@@ -86,6 +86,8 @@ READY = re.compile(r"(\S+@\S+) ready\.")
 """A worker's log line once it is ready, with its Celery host name."""
 TOKEN_SAMPLE_SECONDS = 1.0
 """How often the driver reads the lease tokens of running steps (their pid spaces)."""
+BOOT_SECONDS = 60.0
+"""How long the end of a campaign waits for rebooted workers before it counts sweeps."""
 CLEANUP_SWEEPS = 3
 """Sweep intervals (plus ``POLL_MARGIN``) the workers get to remove worktrees at the end."""
 
@@ -471,15 +473,22 @@ class Campaign:
         """Whether every live worker is ready, the last of them a message's grace ago."""
         from merlin_flow.engine.recovery import MIN_GRACE_SECONDS
 
+        ready = self.ready_times()
+        if ready is None:
+            return False
+        grace = max(MIN_GRACE_SECONDS, self.args.sweep)
+        return time.monotonic() - max(ready) >= grace
+
+    def ready_times(self) -> list[float] | None:
+        """When each live worker became ready (time.monotonic()); None while one is not."""
         now = time.monotonic()
         for worker in self.workers:
             if worker.ready_at is None and "ready." in worker.log.read_text(errors="replace"):
                 worker.ready_at = now
         ready = [w.ready_at for w in self.workers if w.process.poll() is None]
         if not ready or None in ready:
-            return False
-        grace = max(MIN_GRACE_SECONDS, self.args.sweep)
-        return now - max(r for r in ready if r is not None) >= grace
+            return None
+        return [r for r in ready if r is not None]
 
     def kill_one(self, crash: bool = False) -> None:
         """SIGKILL a random live worker's process group and start a replacement
@@ -703,7 +712,11 @@ class Campaign:
         from tests.chaos.invariants import worktrees_left
 
         begun = time.monotonic()
-        deadline = begun + CLEANUP_SWEEPS * self.args.sweep + POLL_MARGIN
+        # A machine that crashed near the end may still be booting: its folders go at its
+        # workers' first sweeps, so the sweeps are counted from when every worker is ready.
+        while self.ready_times() is None and time.monotonic() < begun + BOOT_SECONDS:
+            time.sleep(0.25)
+        deadline = time.monotonic() + CLEANUP_SWEEPS * self.args.sweep + POLL_MARGIN
         while worktrees_left(self.homes, self.repos) and time.monotonic() < deadline:
             time.sleep(0.25)
         self.tally.cleanup_seconds = time.monotonic() - begun

@@ -33,8 +33,10 @@ def test_jobs_complete_after_the_disk_was_full() -> None:
     assert report.integrity == []  # PRAGMA integrity_check and git fsck
     assert report.findings.completed == 6
     assert len(report.fills) == 1
-    # What met the full disk waited for space, and the sweeps resumed it: nobody did.
-    assert report.parks_for_space >= 1
+    # What met the full disk waited for space, and the sweeps resumed it: nobody did. A
+    # step whose park (or lease) the database could not record, SQLite being on the full
+    # disk too, was taken over by a sweep once space was back.
+    assert report.parks_for_space + report.findings.losses >= 1
     assert report.parks == report.parks_for_space
     assert report.resumes == report.parks_for_space
     assert report.listed  # merlin list answered while the disk was full
