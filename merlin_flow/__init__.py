@@ -60,7 +60,7 @@ _EXPORTS: dict[str, str] = {
     "submit_request": "merlin_flow.jobs.requesting",
     "RequestSubmission": "merlin_flow.jobs.requesting",
     "approve_job": "merlin_flow.jobs.requesting",
-    "reject_job": "merlin_flow.jobs.requesting",
+    "reject_job": "merlin_flow.jobs.decisions",
     "plan_job": "merlin_flow.jobs.requesting",
     # Where step commands run
     "Confinement": "merlin_flow.workspace.sandbox",

@@ -25,7 +25,7 @@ from sqlalchemy.pool import NullPool
 
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import Database
-from workers.tasks import ALL_QUEUES, QUEUES
+from workers.queues import ALL_QUEUES, QUEUES
 
 # Redis: a step may run for many minutes; its message must not be redelivered meanwhile.
 # Our own leases and the recovery sweep recover lost steps much sooner.

@@ -21,8 +21,9 @@ from kombu import Exchange, Queue
 
 from merlin_flow.engine.leases import set_worker_name
 from merlin_flow.models.llm import preload
+from workers.queues import ALL_QUEUES
 from workers.sweeper import Sweeper
-from workers.tasks import ALL_QUEUES, runtime
+from workers.tasks import runtime
 
 _sweepers: list[Sweeper] = []
 

@@ -30,7 +30,7 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Database, utcnow
 from merlin_flow.workspace.worktree_cleanup import clear_ended, clear_setups
 from workers.canvas import enqueue_job
-from workers.tasks import ALL_QUEUES, STEP_TASK, VERIFY_TASK
+from workers.queues import ALL_QUEUES, STEP_TASK, VERIFY_TASK
 
 log = logging.getLogger(__name__)
 

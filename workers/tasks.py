@@ -2,8 +2,8 @@
 
 Messages carry a job id and a step key only; each task loads its rows and does what the
 database says is left (``merlin_flow.engine.attempt``, ``merlin_flow.engine.verdict``,
-``merlin_flow.engine.lifecycle``). Which queue a task goes to is stated once, in ``QUEUES``,
-and applied by the app's ``task_routes`` (``workers.app``).
+``merlin_flow.engine.lifecycle``). Which queue a task goes to is stated once, in
+``workers.queues.QUEUES``, and applied by the app's ``task_routes`` (``workers.app``).
 
 A verify that passes its step publishes a chain for each step the pass let start, and
 the finalize once every step has finished (``workers.canvas`` tells the whole shape).
@@ -55,6 +55,7 @@ from merlin_flow.store import (
     Database,
     open_database,
 )
+from workers.queues import FINALIZE_TASK, STEP_TASK, VERIFY_TASK
 from workers.results import (
     StepState,
     TaskResult,
@@ -65,13 +66,6 @@ from workers.results import (
 )
 
 log = logging.getLogger(__name__)
-
-STEP_TASK = "merlin.step"
-VERIFY_TASK = "merlin.verify"
-FINALIZE_TASK = "merlin.finalize"
-QUEUES = {STEP_TASK: "llm", VERIFY_TASK: "verify", FINALIZE_TASK: "control"}
-"""The queue of each task: model work, exit commands, and the job's bookkeeping."""
-ALL_QUEUES = ("control", "llm", "verify")
 
 _runtime: dict[str, Any] = {}
 

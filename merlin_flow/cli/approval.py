@@ -84,7 +84,8 @@ def submit_request_here(
     check_tiers: bool = True,
 ) -> tuple[Database, Settings, RequestSubmission]:
     """Plan the request here (printing that it does), approving it when ``yes``."""
-    from merlin_flow.jobs.requesting import submit_request, user_name
+    from merlin_flow.jobs.decisions import user_name
+    from merlin_flow.jobs.requesting import submit_request
     from merlin_flow.planning.requests import RequestKind, classify
 
     settings, db = state()
@@ -164,7 +165,8 @@ def describe_request(db: Database, view: JobView) -> None:
 
 def review(db: Database, settings: Settings, job_id: str) -> bool:
     """Show the plan and ask: approve, edit, reject. True once approved."""
-    from merlin_flow.jobs.requesting import approve_job, reject_job
+    from merlin_flow.jobs.decisions import reject_job
+    from merlin_flow.jobs.requesting import approve_job
 
     show_plan(db, job_id)
     edited: TaskList | None = None
@@ -256,7 +258,7 @@ def reject(job_id: JobArg) -> None:
     """Reject a planned job's plan: the job ends as rejected, and nothing runs."""
 
     def work() -> None:
-        from merlin_flow.jobs.requesting import reject_job
+        from merlin_flow.jobs.decisions import reject_job
 
         _, db = state()
         reject_job(db, job_id)

@@ -182,7 +182,7 @@ def no_worker_notice(db: Database, job_id: str | None = None) -> str | None:
         return None  # nothing to wait for: no need of the workers' queues (nor of Celery)
     from merlin_flow.engine.presence import no_worker_notice as notice
     from merlin_flow.settings import get_settings
-    from workers.tasks import ALL_QUEUES
+    from workers.queues import ALL_QUEUES
 
     return notice(db, get_settings(), tuple(ALL_QUEUES))
 

@@ -13,13 +13,12 @@ for. Then:
 - a **plan** waits in ``awaiting_approval`` with the request, the planner's raw answers
   and the parsed steps. ``approve_job`` (``merlin approve``, or ``--yes`` at submission)
   makes the job branch and the step rows, possibly from an edited TaskList, and records
-  who approved it and when; the caller enqueues it. ``reject_job`` ends it as
-  ``rejected``.
+  who approved it and when; the caller enqueues it. ``reject_job``
+  (``decisions``) ends it as ``rejected``.
 """
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,8 +31,9 @@ from merlin_flow.agents.definitions import load_agents
 from merlin_flow.config import MerlinConfig, load_config
 from merlin_flow.config_files import CONFIG_FILE_NAME
 from merlin_flow.engine.budget import require_priced_tiers
-from merlin_flow.engine.lifecycle import approve_plan, await_approval, record_answer, reject_plan
-from merlin_flow.errors import InputError, JobNotFoundError, RecordInDoubt
+from merlin_flow.engine.lifecycle import approve_plan, await_approval, record_answer
+from merlin_flow.errors import InputError, RecordInDoubt
+from merlin_flow.jobs.decisions import decided, found, user_name, waiting
 from merlin_flow.jobs.submission import (
     add_steps,
     check_budget,
@@ -193,7 +193,7 @@ def plan_job(
 ) -> JobStatus:
     """Plan (or answer) a job in status ``planning``; its status afterwards."""
     with db.reader() as session:
-        job = _job(session.get(Job, job_id), job_id)
+        job = found(session.get(Job, job_id), job_id)
         if job.status != JobStatus.PLANNING or job.request is None:
             raise InputError(f"job {job_id} is {job.status}, not planning")
         request, location, base = job.request, job.repo, job.base_commit
@@ -277,7 +277,7 @@ def approve_job(
     wait for approval, or the TaskList cannot run (unpriced tiers under a budget...).
     """
     with db.reader() as session:
-        job = _waiting(session.get(Job, job_id), job_id, "approved")
+        job = waiting(session.get(Job, job_id), job_id, "approved")
         location, base = job.repo, job.base_commit
         config = MerlinConfig.model_validate(job.config)
         chosen = tasklist or TaskList.model_validate(job.tasklist)
@@ -292,7 +292,7 @@ def approve_job(
     who = approved_by or user_name()
 
     def write(session: Session) -> None:
-        job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "approved")
+        job = waiting(session.get(Job, job_id, with_for_update=True), job_id, "approved")
         job.tasklist = chosen.model_dump(mode="json")
         job.title = chosen.title
         add_steps(job, chosen, config, commands, settings, agents)
@@ -304,36 +304,12 @@ def approve_job(
     with refusals_as_input_errors(repository):  # of two approvers, one makes the branch
         repository.start_branch(branch, base)
     try:  # tried again if an outage cuts it, never recorded twice (as `submit`)
-        write_patiently(db, write, lambda s: _decided(s, job_id), f"the approval of {job_id}")
+        write_patiently(db, write, lambda s: decided(s, job_id), f"the approval of {job_id}")
     except RecordInDoubt:
         raise  # the approval may have landed: its branch stays
     except BaseException:
         repository.drop_branch(branch)
         raise
-
-
-def reject_job(db: Database, job_id: str, rejected_by: str | None = None) -> None:
-    """End a job waiting for approval as ``rejected``: no step runs, no branch is made."""
-    who = rejected_by or user_name()
-
-    def write(session: Session) -> None:
-        job = _waiting(session.get(Job, job_id, with_for_update=True), job_id, "rejected")
-        job.plan = dict(job.plan or {}, rejected_by=who, rejected_at=utcnow().isoformat())
-        reject_plan(session, job, who)
-
-    write_patiently(db, write, lambda s: _decided(s, job_id), f"the rejection of {job_id}")
-
-
-def _decided(session: Session, job_id: str) -> bool:
-    """Whether the job no longer waits for approval (a cut commit landed after all)."""
-    job = session.get(Job, job_id)
-    return job is not None and job.status != JobStatus.AWAITING_APPROVAL
-
-
-def _job(job: Job | None, job_id: str) -> Job:
-    if job is None:
-        raise JobNotFoundError(f"no job with id {job_id!r}")
-    return job
 
 
 def _still_planning(session: Session, job_id: str) -> Job:
@@ -342,29 +318,12 @@ def _still_planning(session: Session, job_id: str) -> Job:
     A request is planned where it was submitted, and ``merlin resume`` plans it again if
     that was cut off: of two planners at once, the second writes nothing.
     """
-    job = _job(session.get(Job, job_id, with_for_update=True), job_id)
+    job = found(session.get(Job, job_id, with_for_update=True), job_id)
     if job.status != JobStatus.PLANNING:
         raise InputError(f"job {job_id} was planned meanwhile (it is {job.status}); kept as is")
-    return job
-
-
-def _waiting(job: Job | None, job_id: str, verb: str) -> Job:
-    job = _job(job, job_id)
-    if job.status != JobStatus.AWAITING_APPROVAL:
-        raise InputError(
-            f"job {job_id} is {job.status}; only a job awaiting approval can be {verb}"
-        )
     return job
 
 
 def _title(request: str) -> str:
     line = request.strip().splitlines()[0]
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
-
-
-def user_name() -> str:
-    """Who approves or rejects: the login name of this process."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container)
-        return "unknown"

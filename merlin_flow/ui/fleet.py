@@ -4,7 +4,7 @@ Plain data, read through the functions the CLI reads, so that the page, its JSON
 the CLI never disagree:
 
 - the workers are ``engine.presence.live_workers`` (the beats ``merlin status`` and
-  ``merlin submit`` warn by), the queues ``workers.tasks.ALL_QUEUES`` (imported when
+  ``merlin submit`` warn by), the queues ``workers.queues.ALL_QUEUES`` (imported when
   asked, as the CLI does); a queue no live worker consumes (``presence.missing_queues``,
   what the CLI's notice says) is a warning;
 - the costs are ``jobs.costs.costs_since`` (``merlin costs --since 14d``, its totals
@@ -108,8 +108,8 @@ def parse_days(text: str | None) -> int:
 
 
 def merlin_queues() -> tuple[str, ...]:
-    """The queues of merlin's tasks, where the CLI reads them (``workers.tasks``)."""
-    from workers.tasks import ALL_QUEUES
+    """The queues of merlin's tasks, where the CLI reads them (``workers.queues``)."""
+    from workers.queues import ALL_QUEUES
 
     return tuple(ALL_QUEUES)
 

@@ -280,7 +280,8 @@ def _actions(view: Any) -> list[str]:
 def _do(db: Database, settings: Settings, job_id: str, action: str) -> None:
     """The CLI's operation ``action`` on ``job_id``, then its publishing."""
     from merlin_flow.jobs.control import cancel_job, resume_job
-    from merlin_flow.jobs.requesting import approve_job, reject_job
+    from merlin_flow.jobs.decisions import reject_job
+    from merlin_flow.jobs.requesting import approve_job
 
     if action == "cancel":
         cancel_job(db, settings, job_id)

@@ -268,8 +268,8 @@ class Broker:
     def _redis(self) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         import redis
 
+        from workers.queues import ALL_QUEUES
         from workers.sweeper import REDIS_PRIORITIES, _step_of
-        from workers.tasks import ALL_QUEUES
 
         assert self.redis_url is not None
         client = redis.Redis.from_url(self.redis_url, socket_timeout=5)

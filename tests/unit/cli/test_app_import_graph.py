@@ -101,22 +101,12 @@ def test_the_status_of_a_job_not_finished_as_json_imports_none_of_them(
     assert loaded(tmp_path, "status", submitted, "--json") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers/tasks.py keeps the queue names (ALL_QUEUES) beside the Celery tasks, "
-    "and `status` of a job not finished reads them to say whether a worker serves them",
-)
 def test_the_status_of_a_job_not_finished_imports_none_of_them(
     submitted: str, tmp_path: Path
 ) -> None:
     assert loaded(tmp_path, "status", submitted) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs/requesting.py, where reject_job lives, imports the planner and the "
-    "agent stack at its top",
-)
 def test_reject_imports_no_agent_stack(submitted: str, tmp_path: Path) -> None:
     _, db = state()
     with db.session() as session:

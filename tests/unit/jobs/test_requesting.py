@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from merlin_flow.cli.app import app
 from merlin_flow.config import Tier
 from merlin_flow.errors import InputError
-from merlin_flow.jobs.requesting import approve_job, plan_job, reject_job, submit_request
+from merlin_flow.jobs.decisions import reject_job
+from merlin_flow.jobs.requesting import approve_job, plan_job, submit_request
 from merlin_flow.jobs.views import job_view, list_jobs
 from merlin_flow.models.llm import Completion, complete
 from merlin_flow.settings import Settings

@@ -19,7 +19,7 @@ from merlin_flow.store import Database, WorkerBeat, utcnow
 from merlin_flow.ui import fleet, formats
 from merlin_flow.ui.fleet import fleet_view, parse_days
 from tests.unit.jobs.test_costs import journal_on_three_days
-from workers.tasks import ALL_QUEUES
+from workers.queues import ALL_QUEUES
 
 
 def _last_seen(db: Database, name: str, when: datetime) -> None:
