@@ -25,13 +25,13 @@ def ui(
     def work() -> None:
         import uvicorn
 
-        from merlin_flow.ui.access import Access, check_bind
+        from merlin_flow.ui.access import Access, check_bind, home_key
         from merlin_flow.ui.server import create_app
 
         token = os.environ.get("MERLIN_UI_TOKEN") or None
         check_bind(host, token)
         settings, db = state()
-        app = create_app(db, settings, Access(token), read_only)
+        app = create_app(db, settings, Access(token, home_key(settings.home_dir)), read_only)
         shown = f"[{host}]" if ":" in host else host
         mode = " (read-only)" if read_only else ""
         console.print(f"merlin ui{mode} on http://{shown}:{port}/", highlight=False)

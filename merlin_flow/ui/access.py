@@ -6,6 +6,7 @@ request needs it, the event stream included: as ``Authorization: Bearer <token>`
 session cookie the login form sets (its value is an HMAC of the token, never the token).
 Every action (a POST) also needs the CSRF token of the page it came from, whether or not
 a token is set: a page of another site could otherwise post to a dashboard on loopback.
+Both are HMACs by a key kept in ``MERLIN_HOME/ui.key``: they outlive a restart.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import os
 import secrets
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from merlin_flow.errors import InputError
 
 COOKIE = "merlin_ui"
 MIN_TOKEN_LENGTH = 16
+MIN_KEY_BYTES = 32
 
 
 def is_loopback(host: str) -> bool:
@@ -51,9 +55,37 @@ def check_bind(host: str, token: str | None) -> None:
         )
 
 
+KEY_FILE = "ui.key"
+"""The dashboard's key in ``MERLIN_HOME``: cookies and forms outlive a restart."""
+
+
+def home_key(home: Path) -> bytes:
+    """The key kept in ``home``, made (32 random bytes, mode 0600) the first time."""
+    path = home / KEY_FILE
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) < MIN_KEY_BYTES:  # cut short by a crash as it was written
+            raise InputError(
+                f"{path} holds {len(key)} bytes, not a key: remove it and start again"
+            ) from None
+        return key
+    key = secrets.token_bytes(32)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(key)
+    return key
+
+
 @dataclass(frozen=True)
 class Access:
-    """The dashboard's secrets: the user's token (or None) and this server's own key."""
+    """The dashboard's secrets: the user's token (or None) and the server's key.
+
+    ``merlin ui`` keeps the key in ``MERLIN_HOME`` (``home_key``), so that a restart
+    keeps every browser's session and every open page's forms; without one given, the
+    key is this object's own.
+    """
 
     token: str | None
     key: bytes = field(default_factory=lambda: secrets.token_bytes(32))

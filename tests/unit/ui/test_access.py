@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 import pytest
 
 from merlin_flow.errors import InputError
-from merlin_flow.ui.access import Access, check_bind, is_loopback
+from merlin_flow.ui.access import KEY_FILE, Access, check_bind, home_key, is_loopback
 
 TOKEN = "t" * 24
 
@@ -46,3 +49,20 @@ def test_csrf_is_this_servers() -> None:
     assert not access.csrf_holds(None)
     assert access.accepts_login("anything") is False
     assert Access(TOKEN).accepts_login(TOKEN)
+
+
+def test_the_key_in_merlin_home_outlives_a_restart(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    before = Access(TOKEN, home_key(home))
+    after = Access(TOKEN, home_key(home))  # the server started again
+    assert after.allows(None, before.session())
+    assert after.csrf_holds(before.csrf())
+    assert stat.S_IMODE((home / KEY_FILE).stat().st_mode) == 0o600
+    elsewhere = Access(TOKEN, home_key(tmp_path / "other"))
+    assert not elsewhere.allows(None, before.session())
+
+
+def test_a_key_file_cut_short_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / KEY_FILE).write_bytes(b"abc")
+    with pytest.raises(InputError, match=r"ui.key holds 3 bytes, not a key: remove it"):
+        home_key(tmp_path)
