@@ -61,10 +61,28 @@ NOT_NEEDED = (
 DOCKER_ONLY = {"includes", "excludes", "archMap", "minKernel"}
 """Profile keys of Docker's format that containerd, reading a Localhost profile as OCI,
 ignores: conditional rules would become unconditional there."""
-IDLE_MIB = {"llm": 320, "verify": 350}
-"""A worker's memory when idle, measured (llm: 8 threads; verify: 2 prefork processes, PSS)."""
-PROBE_MIB = 255
-"""The peak of `merlin doctor --json`, which the readiness check runs in the container."""
+BENCH_ROWS = {
+    "llm": "llm worker, idle",
+    "verify": "verify worker, idle, 2 processes",
+    "probe": "healthcheck, readiness",
+}
+"""The rows of docs/BENCHMARKS.md's memory table (``python -m tests.bench.memory``) the
+limits are checked against: a worker idle (llm: 8 threads; verify: 2 prefork processes,
+PSS), and the peak of `merlin doctor --json`, which the readiness check runs."""
+
+
+def _measured_mib() -> dict[str, float]:
+    """The figures of BENCH_ROWS, in MiB, as the last run of the benchmark wrote them."""
+    text = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    section = text.split("## Memory of the deployed processes", 1)[1].split("\n## ", 1)[0]
+    found = {}
+    for key, row in BENCH_ROWS.items():
+        match = re.search(rf"^\| {re.escape(row)} \| [^|]+ \| (\d+) MiB \|", section, re.M)
+        assert match, f"docs/BENCHMARKS.md has no memory row {row!r}"
+        found[key] = float(match.group(1))
+    return found
+
+
 ISSUE_32_LAYOUT = f"""FROM python:3.11-slim@sha256:{"0" * 64}
 COPY pyproject.toml README.md constraints.txt ./
 COPY merlin_flow ./merlin_flow
@@ -719,16 +737,17 @@ def test_the_readiness_check_means_this_worker_can_take_a_step(
 def _memory_problems(compose: dict[str, Any], docs: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Workers whose memory limit leaves nothing beyond the measured idle worker and probe."""
     problems = []
+    measured = _measured_mib()
     for name in WORKERS:
         limit = compose["services"][name].get("mem_limit", 0)
-        if _mib(limit) < IDLE_MIB[name] + PROBE_MIB:
+        if _mib(limit) < measured[name] + measured["probe"]:
             problems.append(f"compose {name}: mem_limit {limit}")
     for name, pod in _worker_pods(docs).items():
         resources = pod["containers"][0].get("resources", {})
         request = resources.get("requests", {}).get("memory", 0)
         limit = resources.get("limits", {}).get("memory", 0)
         role = name.removeprefix("merlin-worker-")
-        if _mib(limit) < IDLE_MIB[role] + PROBE_MIB or not 0 < _mib(request) <= _mib(limit):
+        if _mib(limit) < measured[role] + measured["probe"] or not 0 < _mib(request) <= _mib(limit):
             problems.append(f"{name}: memory {request} requested, {limit} limit")
     return problems
 
