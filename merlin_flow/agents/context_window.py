@@ -44,6 +44,9 @@ MAP_HEADING = (
 )
 MAP_FLOOR, MAP_CEILING = 1024, 4096
 """The first prompt's map takes an eighth of the window, within these (tokens)."""
+MAP_MIN_FILES = 25
+"""A repository of no more source files than this gets no map in the first prompt: the
+agent's first `list_files` shows all of it, for fewer tokens than a map of it."""
 READ_HEADER = 200
 """Room a read's header line takes (a window of a file fits one observation with it)."""
 REPLY_SHARE = 0.1
@@ -59,7 +62,8 @@ def step_map(description: str, tier: Tier, toolbox: Toolbox) -> str:
     """The repository map for a step's first prompt, ranked towards its description.
 
     Within an eighth of the window (1,024 to 4,096 tokens, as aider sizes its own), of
-    the files the agent may read. "" when it cannot be made (it is help, never a need).
+    the files the agent may read. "" for a repository of ``MAP_MIN_FILES`` source files
+    or fewer, and when it cannot be made (it is help, never a need).
     """
     window = context_window(tier)
     budget = max(MAP_FLOOR, min(MAP_CEILING, window // 8))
@@ -73,7 +77,7 @@ def step_map(description: str, tier: Tier, toolbox: Toolbox) -> str:
     except Exception:  # a git or parser failure leaves the map out
         log.warning("repository map of %s failed", toolbox.root, exc_info=True)
         return ""
-    return built.text
+    return built.text if len(built.files) > MAP_MIN_FILES else ""
 
 
 class AttemptContext:

@@ -1,7 +1,8 @@
 """What one attempt's agent is given: its brief, its tools, and the permissions on them.
 
-The brief is the step, the agent's own prompt and the repository's instruction file
-(AGENTS.md, else MERLIN.md, read from the attempt's worktree).
+The brief is the step, the agent's own prompt, the repository's instruction file
+(AGENTS.md, else MERLIN.md, read from the attempt's worktree) and the repository's map
+ranked towards the step (``with_map``; none for a repository of a few files).
 
 The active tools are the registry (the built-in tools, then the MCP servers' tools),
 filtered by `[permissions]` (a tool a whole-tool rule refuses is not offered at all),
@@ -21,10 +22,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from merlin_flow.agents.choice import stored_agent
+from merlin_flow.agents.context_window import step_map
 from merlin_flow.agents.definitions import AgentDefinition
 from merlin_flow.agents.instructions import instruction_file, instruction_text
 from merlin_flow.agents.loop import StepBrief
-from merlin_flow.config import MerlinConfig
+from merlin_flow.config import MerlinConfig, Tier
 from merlin_flow.store import Step
 from merlin_flow.store.events import EventKind
 from merlin_flow.tool_config import KIND_TOOLS, McpServer, SandboxMode
@@ -52,6 +54,11 @@ def step_brief(step: Step) -> StepBrief:
         step.exit_command,
         role_prompt=agent.prompt if agent is not None else "",
     )
+
+
+def with_map(brief: StepBrief, tier: Tier, toolbox: Toolbox) -> StepBrief:
+    """``brief`` with the repository's map ranked towards the step, for its first prompt."""
+    return dataclasses.replace(brief, repo_map=step_map(brief.description, tier, toolbox))
 
 
 def with_instructions(brief: StepBrief, worktree: Path) -> StepBrief:

@@ -27,6 +27,7 @@ from merlin_flow.agents.step_tools import (
     permission_events,
     step_brief,
     with_instructions,
+    with_map,
 )
 from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.budget import job_guard
@@ -223,7 +224,7 @@ def _work_in_worktree(
                     live=plan.original or complete,
                 )
                 with open_step_tools(checkout, config, plan.agent) as toolbox:
-                    writes = can_write(toolbox)
+                    writes, brief = can_write(toolbox), with_map(brief, tier, toolbox)
                     result = run_agent(
                         tier,
                         brief,

@@ -6,16 +6,20 @@ from pathlib import Path
 
 import pytest
 
+from merlin_flow.agents.context_window import MAP_HEADING, MAP_MIN_FILES
 from merlin_flow.agents.definitions import AgentDefinition, AgentScope
+from merlin_flow.agents.loop import StepBrief, first_messages
 from merlin_flow.agents.step_tools import (
     allowlisted,
     drop_denied_writes,
     offered_built_ins,
     wanted_servers,
+    with_map,
 )
-from merlin_flow.config import load_config
+from merlin_flow.config import Tier, load_config
 from merlin_flow.tool_config import McpServer, PermissionRules
 from merlin_flow.tools.permissions import Permissions
+from merlin_flow.tools.toolbox import Toolbox
 from tests.conftest import make_repo
 
 
@@ -109,3 +113,29 @@ def test_without_a_sandbox_the_rules_that_cannot_reach_commands_are_recorded(
     assert "hide secrets from commands" in events[0][1]
     sandboxed = config.model_copy(update={"sandbox": Sandbox()})
     assert permission_events(repo, sandboxed, None) == []
+
+
+def _modules(count: int) -> dict[str, str]:
+    files = {
+        f"pkg/mod_{n:02d}.py": f"def helper_{n}(x):\n    return x + {n}\n" for n in range(count)
+    }
+    files["pkg/ledger.py"] = "class Ledger:\n    def balance(self):\n        return 0\n"
+    return files
+
+
+def test_the_first_prompt_of_a_step_carries_the_map_ranked_towards_it(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", _modules(MAP_MIN_FILES + 5))
+    brief = StepBrief("s1", "Debug", "Ledger.balance returns 0 for every account", "", "true")
+    tier = Tier(name="local", model="scripted/none")
+    mapped = with_map(brief, tier, Toolbox(repo))
+    assert mapped.repo_map.splitlines()[0].startswith("pkg/ledger.py")
+    user = first_messages(mapped, None)[1]["content"]
+    assert user.endswith(f"{MAP_HEADING}\n{mapped.repo_map.strip()}")
+
+
+def test_a_repository_of_a_few_files_gets_no_map(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo", _modules(MAP_MIN_FILES - 1))  # and the ledger
+    brief = StepBrief("s1", "Debug", "Ledger.balance returns 0 for every account", "", "true")
+    mapped = with_map(brief, Tier(name="local", model="scripted/none"), Toolbox(repo))
+    assert mapped.repo_map == ""
+    assert MAP_HEADING not in first_messages(mapped, None)[1]["content"]
