@@ -60,6 +60,14 @@ class FakeGitHub:
         self.issues[number] = {"number": number, "title": title, "body": body,
                                "labels": [{"name": name} for name in labels]}  # fmt: skip
 
+    def add_comment(self, number: int, body: str, author: str) -> int:
+        """A comment by ``author`` (someone else than the token) in thread ``number``."""
+        with self._lock:
+            comment_id = next(self._ids)
+            self.comments[comment_id] = {"id": comment_id, "issue": number, "body": body,
+                                         "author": author}  # fmt: skip
+            return comment_id
+
     def thread(self, number: int) -> list[dict[str, Any]]:
         """The comments of issue or pull request ``number``, oldest first."""
         return [c for c in self.comments.values() if c["issue"] == number]
@@ -69,12 +77,12 @@ class FakeGitHub:
         with self._lock:
             self.calls.append((method, path, body))
             if path == "/user":
-                return (200, self._user(self.login)) if self.login else (403, _message("no"))
+                return (200, self._user(self.login)) if self.login else (403, _FORBIDDEN)
             match = REPO.match(path)
             if match is None or f"{match['owner']}/{match['name']}" != self.repository:
                 return 404, _message("Not Found")
             if method != "GET" and not self.writable:
-                return 403, _message("Resource not accessible by integration")
+                return 403, _FORBIDDEN
             return self._repo(method, match["rest"] or "", body)
 
     def _repo(self, method: str, rest: str, body: Any) -> tuple[int, Any]:
@@ -138,6 +146,10 @@ class FakeGitHub:
 
 def _message(text: str) -> dict[str, str]:
     return {"message": text}
+
+
+_FORBIDDEN = _message("Resource not accessible by integration")
+"""GitHub's answer to an installation token (``GITHUB_TOKEN``) that may not do that."""
 
 
 @contextmanager

@@ -60,7 +60,8 @@ def github(
     """Answer the GitHub event that started this workflow: plan, run, open a pull request.
 
     A label (--label) or a `/merlin` comment starts it; see docs/github.md.
-    Exit code 0 when done, 1 when the job failed, 2 for bad input (answered in the thread).
+    Exit code 0 when done, 1 when the job failed, 2 for bad input (answered in the
+    thread when it came from one; an event merlin does not handle: on stderr only).
     """
 
     def work() -> int:

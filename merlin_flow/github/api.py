@@ -59,17 +59,29 @@ class GitHubApi:
             timeout=30,
         )
         self._repo = self._github.get_repo(repository)
+        self._identity: str | None = None
 
     def identity(self) -> str:
-        """The login merlin's comments are written by."""
+        """The login merlin's comments are written by (asked once)."""
         from github import GithubException
 
-        try:
-            return str(self._github.get_user().login)
-        except GithubException as exc:
-            if exc.status in (401, 403):  # an Actions token: no /user
-                return ACTIONS_BOT
-            raise _failed("GET /user", exc) from None
+        if self._identity is None:
+            try:
+                self._identity = str(self._github.get_user().login)
+            except GithubException as exc:
+                if exc.status not in (401, 403):  # an Actions token may not ask /user
+                    raise _failed("GET /user", exc) from None
+                self._identity = ACTIONS_BOT
+        return self._identity
+
+    def own_comments(self, number: int) -> list[Comment]:
+        """The thread's comments written by merlin's identity, oldest first.
+
+        Everything merlin reads back from a thread (its plan, its progress marks, what
+        it said) is read from these only: anyone may write the same text.
+        """
+        me = self.identity()
+        return [comment for comment in self.comments(number) if comment.author == me]
 
     def comments(self, number: int) -> list[Comment]:
         """The thread's comments, oldest first."""
@@ -83,6 +95,22 @@ class GitHubApi:
         """Add a comment to the thread."""
         issue = self._repo.get_issue(number)
         made = self._call(f"comment on #{number}", lambda: issue.create_comment(body))
+        return Comment(made.id, made.user.login, made.body or "")
+
+    def post_if_allowed(self, number: int, body: str) -> Comment | None:
+        """``post``, or None when GitHub answers 403 (the token may not comment).
+
+        GitHub gives the workflow of a fork's pull request events a read-only token.
+        """
+        from github import GithubException, RateLimitExceededException
+
+        issue = self._repo.get_issue(number)
+        try:
+            made = issue.create_comment(body)
+        except GithubException as exc:
+            if exc.status == 403 and not isinstance(exc, RateLimitExceededException):
+                return None
+            raise _failed(f"comment on #{number}", exc) from None
         return Comment(made.id, made.user.login, made.body or "")
 
     def edit(self, number: int, comment_id: int, body: str) -> None:

@@ -13,11 +13,16 @@
 - ``/merlin cancel``: the thread's job on the team's workers is cancelled; a job on the
   runner stops with its workflow run, which is said.
 
+Nothing is pushed to the repository's default branch: a pull request whose branch it is
+is refused. What merlin reads back from the thread (its signed plan, its progress marks,
+what it said) is read from the comments of its own identity only (``own_comments``).
+
 Returns the exit code: 0 done, 1 the job failed, 2 bad input (answered in the thread).
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +42,7 @@ from merlin_flow.github.events import (
     fork_refusal,
 )
 from merlin_flow.github.plan_block import BLOCK, SignedPlan, read_plan, write_block
-from merlin_flow.github.running import push, summary_of, with_token, work_job, write_reports
+from merlin_flow.github.running import push, with_token, work_job, write_reports
 from merlin_flow.github.thread import followed_job, plan_comment, pull_request_body
 from merlin_flow.jobs.control import cancel_job, resume_job
 from merlin_flow.jobs.requesting import plan_record, request_context, submit_request
@@ -80,6 +85,8 @@ def handle(outcome: Outcome, place: Place, db: Database, settings: Settings) -> 
     if isinstance(outcome, Ignore):
         return 0
     if isinstance(outcome, Reply):
+        if outcome.thread.from_fork:
+            return _refuse_fork(outcome, place)
         place.api.post(outcome.thread.number, outcome.text)
         return outcome.exit_code
     try:
@@ -96,13 +103,17 @@ def _act(trigger: Trigger, place: Place, db: Database, settings: Settings) -> in
         thread = Thread(**{**vars(thread), "head_ref": pull.head_ref,
                            "head_repository": pull.head_repository})  # fmt: skip
         if thread.from_fork:
-            place.api.post(thread.number, fork_refusal(thread).text)
-            return 0
+            return _refuse_fork(fork_refusal(thread), place)
     if command is Command.CANCEL:
         job = _team_job(thread, place, db) if place.submit_to else None
         said = _CANCEL if job is None else f"Job `{job}`: {cancel_job(db, settings, job)}."
         place.api.post(thread.number, said)
         return 0
+    if thread.is_pull_request and command is not Command.REJECT:
+        default = place.api.default_branch()
+        if thread.head_ref == default:
+            place.api.post(thread.number, _DEFAULT.format(branch=default))
+            return 0
     if command is Command.REQUEST and thread.is_pull_request:
         return _review_round(trigger, thread, place, db, settings)
     if command in (Command.PLAN, Command.REQUEST):
@@ -128,6 +139,27 @@ _CANCEL = (
     "A job merlin runs on a workflow runner stops with its run: cancel the workflow run "
     "(Actions > the run > Cancel workflow). Its branch keeps what passed so far."
 )
+_DEFAULT = (
+    "merlin does not work on this pull request: its branch is `{branch}`, the "
+    "repository's default branch, and merlin never pushes to the default branch. Open "
+    "the pull request from another branch and ask again."
+)
+
+
+def _refuse_fork(reply: Reply, place: Place) -> int:
+    """Post the refusal of a fork's pull request, or say on stderr that it could not be.
+
+    GitHub gives a fork's pull request events a read-only token: then nothing is said
+    in the thread, and the exit code is 0 all the same.
+    """
+    if place.api.post_if_allowed(reply.thread.number, reply.text) is None:
+        print(
+            f"merlin github: said nothing in #{reply.thread.number}: the token may not "
+            f"comment there (HTTP 403, a fork's read-only token); {reply.text.splitlines()[0]}",
+            file=sys.stderr,
+        )
+        return 0
+    return reply.exit_code
 
 
 def _plan(thread: Thread, request: str, place: Place, db: Database, settings: Settings) -> int:
@@ -161,7 +193,7 @@ def _plan(thread: Thread, request: str, place: Place, db: Database, settings: Se
 def _thread_plan(thread: Thread, place: Place) -> tuple[SignedPlan, Comment]:
     """The latest plan merlin posted in the thread, checked; PlanRefused if there is none."""
     me = place.api.identity()
-    mine = [c for c in place.api.comments(thread.number) if BLOCK.search(c.body)]
+    mine = [c for c in place.api.own_comments(thread.number) if BLOCK.search(c.body)]
     if not mine:
         raise PlanRefused("there is no plan in this thread yet: ask for one with /merlin plan")
     comment = mine[-1]
@@ -173,7 +205,7 @@ def _thread_plan(thread: Thread, place: Place) -> tuple[SignedPlan, Comment]:
 
 
 def _already_run(thread: Thread, place: Place, plan_comment: Comment) -> bool:
-    later = [c for c in place.api.comments(thread.number) if c.id > plan_comment.id]
+    later = [c for c in place.api.own_comments(thread.number) if c.id > plan_comment.id]
     return any(followed_job(c.body) for c in later)
 
 
@@ -200,7 +232,8 @@ def _run_plan(
 
 def _team_job(thread: Thread, place: Place, db: Database) -> str | None:
     """The job the thread's last progress comment follows, if the team's database has it."""
-    followed = [job for c in place.api.comments(thread.number) if (job := followed_job(c.body))]
+    comments = place.api.own_comments(thread.number)
+    followed = [job for c in comments if (job := followed_job(c.body))]
     if not followed:
         return None
     try:
@@ -213,7 +246,7 @@ def _team_job(thread: Thread, place: Place, db: Database) -> str | None:
 def _reported(thread: Thread, place: Place, job_id: str) -> bool:
     """Whether the end of ``job_id`` was said in the thread (its runner lived to say it)."""
     ends = ("Draft pull request: ", "Pushed to `", f"`merlin/{thread.number}-{job_id}`")
-    comments = place.api.comments(thread.number)
+    comments = place.api.own_comments(thread.number)
     follows = [c.id for c in comments if followed_job(c.body) == job_id]
     later = [c.body for c in comments if follows and c.id > follows[0]]
     return any(end in body for body in later for end in ends)
@@ -231,11 +264,15 @@ def _resume(thread: Thread, job_id: str, place: Place, db: Database, settings: S
     return _finish(thread, job_id, None, place, db, settings, here=False, publish=ended)
 
 
+def _rounds(thread: Thread, place: Place) -> int:
+    """The jobs merlin ran in the thread: its own progress comments."""
+    return sum(1 for c in place.api.own_comments(thread.number) if followed_job(c.body))
+
+
 def _review_round(
     trigger: Trigger, thread: Thread, place: Place, db: Database, settings: Settings
 ) -> int:
-    rounds = [c for c in place.api.comments(thread.number) if followed_job(c.body)]
-    if len(rounds) >= place.max_rounds:
+    if _rounds(thread, place) >= place.max_rounds:
         place.api.post(thread.number, f"This pull request has had its {place.max_rounds} "
                        "rounds of merlin (the cap): a person takes it from here.")  # fmt: skip
         return 0
@@ -293,8 +330,8 @@ def _finish(
         return 0
     base = place.api.default_branch()
     title = f"merlin: {view['title']}"
-    pull = place.api.open_draft(title, pull_request_body(thread.number, summary_of(view),
-                                                         job_id), target, base)  # fmt: skip
+    body = pull_request_body(thread.number, view)
+    pull = place.api.open_draft(title, body, target, base)
     place.api.post(thread.number, f"Draft pull request: {pull.url}")
     return 0
 

@@ -13,7 +13,7 @@ from typing import Any
 from merlin_flow.config import MerlinConfig
 from merlin_flow.jobs.costs import CostFields
 from merlin_flow.jobs.plan_preview import how_planned, plan_rows
-from merlin_flow.jobs.views import JobView
+from merlin_flow.jobs.views import JobView, StepView
 from merlin_flow.store.status import StepStatus
 from merlin_flow.tasklist import TaskList
 
@@ -80,10 +80,9 @@ def progress_comment(view: JobView, run_url: str | None) -> str:
     lines += ["| step | status | tiers | attempts | cost |", "|---|---|---|---|---|"]
     for step in view["steps"]:
         attempts = step["attempts"]
-        tiers = " → ".join(dict.fromkeys(a["tier"] for a in attempts)) or step["tier"] or "-"
         status = DONE.get(step["status"], "working" if attempts else "waiting")
         cost = _cost(sum(a["known_cost_usd"] for a in attempts), attempts)
-        lines.append(f"| `{step['id']}` | {status} | {tiers} | {len(attempts)} | {cost} |")
+        lines.append(f"| `{step['id']}` | {status} | {_tiers(step)} | {len(attempts)} | {cost} |")
     lines.append(f"| **total** | | | | {_cost(view['known_cost_usd'], [view])} |")
     failure = view["failure"]
     if failure is not None:
@@ -101,9 +100,47 @@ def _cost(known: float, priced: Sequence[CostFields]) -> str:
     return f"{floor}${known:.4f}"
 
 
-def pull_request_body(number: int, summary: str, job_id: str) -> str:
-    """The draft pull request's text: the issue it closes, then the job's summary."""
-    return f"Closes #{number}.\n\nMade by merlin job `{job_id}`.\n\n{summary.strip()}\n"
+def pull_request_body(number: int, view: JobView) -> str:
+    """The draft pull request's text, from the job's view (``merlin status --json``).
+
+    The issue it closes; per step, its exit command and that command's result, the
+    tiers it ran on and its cost; then the job's cost: what the priced calls cost, and
+    how many calls had no price.
+    """
+    done = sum(1 for step in view["steps"] if step["status"] == StepStatus.COMPLETED)
+    lines = [
+        f"Closes #{number}.",
+        "",
+        f"Made by merlin job `{view['id']}`: {_cell(view['title'])}, {view['status']} "
+        f"({done} of {len(view['steps'])} steps passed).",
+        "",
+        "| step | exit command | result | tiers | attempts | cost |",
+        "|---|---|---|---|---|---|",
+    ]
+    for step in view["steps"]:
+        attempts = step["attempts"]
+        cost = _cost(sum(a["known_cost_usd"] for a in attempts), attempts)
+        lines.append(
+            f"| `{step['id']}` | {_code(step['exit_command'])} | {_result(step)} | "
+            f"{_tiers(step)} | {len(attempts)} | {cost} |"
+        )
+    lines += ["", f"**Cost:** ${view['known_cost_usd']:.4f}"]
+    if view["unpriced_calls"]:
+        calls = "call" if view["unpriced_calls"] == 1 else "calls"
+        lines[-1] += f" known, plus {view['unpriced_calls']} model {calls} with no known price"
+    return "\n".join(lines) + ".\n"
+
+
+def _result(step: StepView) -> str:
+    """What the step's exit command said last: ``passed (exit code 0)``, ``failed (...)``."""
+    codes = [a["exit_code"] for a in step["attempts"] if a["exit_code"] is not None]
+    status = DONE.get(step["status"], str(step["status"]))
+    return f"{status} (exit code {codes[-1]})" if codes else status
+
+
+def _tiers(step: StepView) -> str:
+    """The tiers the step's attempts ran on, in order: ``local → premium``."""
+    return " → ".join(dict.fromkeys(a["tier"] for a in step["attempts"])) or step["tier"] or "-"
 
 
 def followed_job(comment: str) -> str | None:
@@ -115,3 +152,9 @@ def followed_job(comment: str) -> str | None:
 def _cell(text: str) -> str:
     """Text safe in one table cell: one line, no pipe."""
     return " ".join(text.split()).replace("|", "\\|")
+
+
+def _code(text: str) -> str:
+    """``text`` as inline code in a table cell, whatever backticks it holds."""
+    fence = "``" if "`" in text else "`"
+    return f"{fence} {_cell(text)} {fence}" if fence == "``" else f"`{_cell(text)}`"

@@ -152,7 +152,31 @@ def test_label_plan_approve_job_branch_and_draft_pull_request(
     assert git(runner.remote, "show", f"{branch}:app.py") == "def answer():\n    return 42"
     [pull] = fake.pulls.values()
     assert (pull["head"], pull["base"], pull["draft"]) == (branch, "main", True)
-    assert pull["body"].startswith(f"Closes #7.\n\nMade by merlin job `{job}`.")
+    # Its body: per step, the exit command and its result, the tiers, the cost; the
+    # job's cost. All of it is the job's view, as `merlin status --json` shows it.
+    view = status_json(merlin_env(tmp_path / "run2" / "home"), job)
+    costs = {step["id"]: sum(a["known_cost_usd"] for a in step["attempts"])
+             for step in view["steps"]}  # fmt: skip
+    assert all(costs.values())
+    assert view["unpriced_calls"] == 0
+    assert pull["body"] == "\n".join([
+        "Closes #7.",
+        "",
+        f"Made by merlin job `{job}`: {view['title']}, completed (3 of 3 steps passed).",
+        "",
+        "| step | exit command | result | tiers | attempts | cost |",
+        "|---|---|---|---|---|---|",
+        f"| `fix` | `python -m pytest -q` | passed (exit code 0) | local | 1 | "
+        f"${costs['fix']:.4f} |",
+        f"| `slow` | `python -m pytest -q` | passed (exit code 0) | local | 1 | "
+        f"${costs['slow']:.4f} |",
+        f"| `docs` | `python -m pytest -q` | passed (exit code 0) | local | 1 | "
+        f"${costs['docs']:.4f} |",
+        "",
+        f"**Cost:** ${view['known_cost_usd']:.4f}.",
+        "",
+    ])  # fmt: skip
+    assert view["known_cost_usd"] == pytest.approx(sum(costs.values()))
     assert (
         made["body"]
         == f"Draft pull request: https://github.example/acme/shop/pull/{pull['number']}"
@@ -302,3 +326,47 @@ def test_a_failed_job_says_why_and_keeps_its_branch(tmp_path: Path, fake: FakeGi
     untouched = git(runner.remote, "rev-parse", "main")
     assert git(runner.remote, "rev-parse", "merlin/7-old") == untouched  # the pull request's
     assert len(fake.pulls) == 1  # no pull request for a failed job
+
+
+def test_strangers_comments_cannot_block_an_approval(tmp_path: Path, fake: FakeGitHub) -> None:
+    """Someone copies merlin's plan comment (its signed block holds) and writes a progress
+    mark: merlin reads its own comments only, so the approval runs merlin's plan."""
+    runner = Runner(tmp_path, fake)
+    assert runner.event("issues", labelled(fake, 7, REQUEST)).returncode == 0
+    [plan] = fake.thread(7)
+    fake.add_comment(7, plan["body"], "mallory")
+    fake.add_comment(7, "### merlin job\n\n<!-- merlin-progress 0123456789ab -->", "mallory")
+    approved = runner.event("issue_comment", comment(fake, 7, "/merlin approve"))
+    assert approved.returncode == 0, approved.stderr
+    [pull] = fake.pulls.values()
+    assert fake.thread(7)[-1]["body"].startswith("Draft pull request: ")
+    assert pull["head"].startswith("merlin/7-")
+
+
+def test_a_label_on_a_pull_request_pushes_to_its_branch_after_approval(
+    tmp_path: Path, fake: FakeGitHub
+) -> None:
+    runner = Runner(tmp_path, fake)
+    git(runner.remote, "branch", "feature", "main")
+    fake.pulls[5] = {"number": 5, "title": "Three changes", "body": REQUEST, "draft": False,
+                     "head": "feature", "base": "main"}  # fmt: skip
+    labelled_pull = payload("pull_request.labeled", fake, label__name="merlin", number=5,
+                            pull_request__number=5, pull_request__title="Three changes",
+                            pull_request__body=REQUEST,
+                            pull_request__labels=[{"name": "merlin"}])  # fmt: skip
+    labelled_pull["pull_request"]["head"]["ref"] = "feature"
+    labelled_pull["pull_request"]["head"]["repo"]["full_name"] = fake.repository
+    planned = runner.event("pull_request", labelled_pull)
+    assert planned.returncode == 0, planned.stderr
+    [plan] = fake.thread(5)
+    assert "Reply `/merlin approve` to run it" in plan["body"]
+    assert git(runner.remote, "rev-parse", "feature") == git(runner.remote, "rev-parse", "main")
+    approve = comment(fake, 5, "/merlin approve")
+    approve["issue"]["pull_request"] = {"url": f"{fake.url}/repos/{fake.repository}/pulls/5"}
+    approved = runner.event("issue_comment", approve)
+    assert approved.returncode == 0, approved.stderr
+    assert fake.thread(5)[-1]["body"].startswith("Pushed to `feature`: ")
+    assert git(runner.remote, "show", "feature:app.py") == "def answer():\n    return 42"
+    assert git(runner.remote, "show", "main:app.py") == "def answer():\n    return 41"
+    assert list(fake.pulls) == [5]  # no new pull request
+    assert not git(runner.remote, "branch", "--list", "merlin/*")

@@ -1,13 +1,16 @@
-"""`merlin github`'s bad input: exit code 2 with what is missing, before any call is made."""
+"""`merlin github`'s bad input: exit code 2 with what is missing, before any call is made;
+and a fork's refusal that its read-only token may not post: exit code 0, said on stderr."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from merlin_flow.cli.app import app
+from tests.github_server import FakeGitHub, event_payload, fake_github
 
 ACTIONS = ("GITHUB_EVENT_NAME", "GITHUB_EVENT_PATH", "GITHUB_REPOSITORY", "GITHUB_WORKSPACE")
 
@@ -64,3 +67,22 @@ def test_an_event_with_nothing_to_do_exits_0_without_a_call(actions: Path) -> No
     code, output = run()
     assert code == 0
     assert "merlin github: nothing to do (issues opened: only a label starts merlin)" in output
+
+
+def test_a_forks_refusal_the_token_may_not_post_exits_0_with_a_line_on_stderr(
+    actions: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fork = event_payload("pull_request.labeled", "acme/shop", label__name="merlin")
+    fork["pull_request"]["head"]["repo"]["full_name"] = "stranger/shop"
+    actions.write_text(json.dumps(fork))
+    monkeypatch.setenv("GITHUB_EVENT_NAME", "pull_request")
+    with fake_github(FakeGitHub(writable=False)) as fake:  # a fork's events: read-only
+        monkeypatch.setenv("GITHUB_API_URL", fake.url)
+        code, output = run()
+        assert fake.thread(2) == []
+        assert [(method, path) for method, path, _ in fake.calls] == [
+            ("POST", "/repos/acme/shop/issues/2/comments")
+        ]
+    assert code == 0
+    assert "merlin github: said nothing in #2: the token may not comment there (HTTP 403" in output
+    assert "merlin does not work on pull requests from forks (stranger/shop)" in output

@@ -60,3 +60,30 @@ def test_a_refusal_names_the_call_and_githubs_answer(fake: FakeGitHub) -> None:
     )
     with pytest.raises(GitHubError, match="list the comments of #99: HTTP 404"):
         api(fake).comments(99)
+
+
+def test_own_comments_are_those_of_the_tokens_identity_asked_once(fake: FakeGitHub) -> None:
+    client = api(fake)
+    fake.add_comment(7, "<!-- merlin-progress abc -->", "mallory")
+    mine = client.post(7, "the plan")
+    fake.add_comment(7, "/merlin approve", "octocat")
+    assert [(c.author, c.body) for c in client.own_comments(7)] == [("merlin-bot", "the plan")]
+    assert [c.id for c in client.own_comments(7)] == [mine.id]
+    assert len(client.comments(7)) == 3
+    assert [path for _, path, _ in fake.calls].count("/user") == 1
+    fake.login = None  # GITHUB_TOKEN: its comments are github-actions[bot]'s
+    actions = api(fake)
+    posted = actions.post(7, "progress")
+    assert [c.id for c in actions.own_comments(7)] == [posted.id]
+
+
+def test_a_comment_the_token_may_not_write_is_none_and_other_failures_raise(
+    fake: FakeGitHub,
+) -> None:
+    assert api(fake).post_if_allowed(7, "hello") is not None
+    fake.writable = False  # a read-only token, as a fork's pull request events get
+    assert api(fake).post_if_allowed(7, "refused") is None
+    assert [c["body"] for c in fake.thread(7)] == ["hello"]
+    fake.writable = True
+    with pytest.raises(GitHubError, match="comment on #99: HTTP 404"):
+        api(fake).post_if_allowed(99, "nowhere")

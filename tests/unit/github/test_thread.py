@@ -81,7 +81,38 @@ def test_progress_of_a_finished_job_and_its_failure(
     assert followed_job("no mark here") is None
 
 
-def test_the_pull_request_body_closes_the_issue() -> None:
-    assert pull_request_body(7, "# Summary\n\nall passed\n", "abc123") == (
-        "Closes #7.\n\nMade by merlin job `abc123`.\n\n# Summary\n\nall passed\n"
+def test_the_pull_request_body_shows_each_steps_exit_command_result_tiers_and_cost(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job = finished_job(db, settings, py_repo, tmp_path, "true", price_in=1.0, price_out=2.0)
+    view = job_view(db, job)
+    costs = [f"${step['attempts'][0]['known_cost_usd']:.4f}" for step in view["steps"]]
+    assert costs[0] != "$0.0000"  # the calls were priced
+    lines = pull_request_body(7, view).splitlines()
+    assert lines[:3] == ["Closes #7.", "", f"Made by merlin job `{job}`: t, completed "
+                         "(2 of 2 steps passed)."]  # fmt: skip
+    assert lines[4:8] == [
+        "| step | exit command | result | tiers | attempts | cost |",
+        "|---|---|---|---|---|---|",
+        f"| `fix` | `true` | passed (exit code 0) | local | 1 | {costs[0]} |",
+        f"| `docs` | `true` | passed (exit code 0) | local | 1 | {costs[1]} |",
+    ]
+    assert lines[-1] == f"**Cost:** ${view['known_cost_usd']:.4f}."
+    assert view["known_cost_usd"] > 0
+    unpriced = {**view, "unpriced_calls": 2}
+    assert pull_request_body(7, unpriced).splitlines()[-1] == (  # type: ignore[arg-type]
+        f"**Cost:** ${view['known_cost_usd']:.4f} known, plus 2 model calls with no known price."
     )
+
+
+def test_the_pull_request_body_of_a_failed_step_and_an_awkward_exit_command(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    job = finished_job(db, settings, py_repo, tmp_path, "sh -c 'echo `boom` | cat; exit 3'")
+    rows = [line for line in pull_request_body(7, job_view(db, job)).splitlines()
+            if line.startswith("| `")]  # fmt: skip
+    command = "`` sh -c 'echo `boom` \\| cat; exit 3' ``"
+    assert rows == [
+        f"| `fix` | {command} | failed (exit code 3) | local | 1 | $0.0000 |",
+        f"| `docs` | {command} | skipped | local | 0 | $0.0000 |",
+    ]
