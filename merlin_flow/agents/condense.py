@@ -145,8 +145,10 @@ class Condenser:
         if after <= self.target:
             return Condensation("masked", before, after, masked, 0, force)
         head, middle, tail = self._split(messages)
-        if not middle:  # nothing between the brief and the latest messages to condense
-            return Condensation("masked", before, after, masked, 0, force)
+        if not middle or (not force and self._note_tokens() >= self._tokens_of(middle)):
+            # Nothing between the brief and the latest messages, or less than the note
+            # that would stand for it (the brief itself is most of the request): no call.
+            return Condensation("masked", before, after, masked, 0, force) if masked or force else None
         summary = self._summary(middle)
         how = "summarised" if summary is not None else "dropped"
         if summary is None:
@@ -161,6 +163,14 @@ class Condenser:
                 break
             _drop_first_group(messages, len(head) + 1)
         return Condensation(how, before, self.count(messages), masked, len(middle), force)
+
+    def _tokens_of(self, middle: list[dict[str, Any]]) -> int:
+        return self.count_text("\n\n".join(_as_text(m) for m in middle))
+
+    def _note_tokens(self) -> int:
+        """What a condensation's note costs at most: opening, summary and pinned facts."""
+        reply_tokens = max(128, int(self.window * SUMMARY_REPLY_SHARE))
+        return self.count_text(f"{CONDENSED_NOTE}\n{self.pinned()}") + reply_tokens
 
     def _split(
         self, messages: list[dict[str, Any]]

@@ -42,8 +42,8 @@ MAP_HEADING = (
     "The repository's map (the files that matter to this step, best first, with their "
     "main definitions; the repo_map tool shows more around a file or a name):"
 )
-MAP_FLOOR, MAP_CEILING = 1024, 4096
-"""The first prompt's map takes an eighth of the window, within these (tokens)."""
+MAP_CEILING = 4096
+"""The first prompt's map takes an eighth of the window, at most this many tokens."""
 MAP_MIN_FILES = 25
 """A repository of no more source files than this gets no map in the first prompt: the
 agent's first `list_files` shows all of it, for fewer tokens than a map of it."""
@@ -51,6 +51,9 @@ READ_HEADER = 200
 """Room a read's header line takes (a window of a file fits one observation with it)."""
 REPLY_SHARE = 0.1
 """Largest share of the window (at 4 characters a token) a reply's text keeps."""
+REPLY_ROOM_SHARE = 0.25
+"""Largest share of the window a request asks for its reply (``max_tokens``): a tier's
+4,096 by default would leave a 4,096-token local model no room for the request."""
 
 
 def map_cache() -> Path:
@@ -61,12 +64,11 @@ def map_cache() -> Path:
 def step_map(description: str, tier: Tier, toolbox: Toolbox) -> str:
     """The repository map for a step's first prompt, ranked towards its description.
 
-    Within an eighth of the window (1,024 to 4,096 tokens, as aider sizes its own), of
+    Within an eighth of the window (at most 4,096 tokens; aider gives its own 1,024), of
     the files the agent may read. "" for a repository of ``MAP_MIN_FILES`` source files
     or fewer, and when it cannot be made (it is help, never a need).
     """
-    window = context_window(tier)
-    budget = max(MAP_FLOOR, min(MAP_CEILING, window // 8))
+    budget = min(MAP_CEILING, context_window(tier) // 8)
     counter = PromptCounter(tier)
     readable = toolbox.readable or (lambda _path: True)
     try:
@@ -91,8 +93,11 @@ class AttemptContext:
         on_call: CallHook,
         on_condense: Callable[[Condensation], None] = lambda _c: None,
     ) -> None:
-        self.tier, self.toolbox = tier, toolbox
         self.window = context_window(tier)
+        room = min(tier.max_tokens, int(self.window * REPLY_ROOM_SHARE))
+        self.tier = tier.model_copy(update={"max_tokens": room})
+        """The tier as this conversation asks it: its reply's room capped to the window."""
+        self.toolbox = toolbox
         self.counter = PromptCounter(tier)
         self.observations = Observations(self.window, self.counter.text)
         self.todo = TodoList()
@@ -104,7 +109,7 @@ class AttemptContext:
         self._estimate = 0
         self.condenser = Condenser(
             self.window,
-            tier.max_tokens,
+            self.tier.max_tokens,
             lambda messages: self.counter(messages, self.schemas),
             self.counter.text,
             self.pinned,

@@ -212,8 +212,9 @@ def converse(
         for turn in range(limits.max_turns):
             context.before_request(messages, turn)
             reply = _call(
-                tier, messages, turn, limits, on_call, check_alive, call_model, sleep, context
-            )
+                context.tier, messages, turn, limits, on_call, check_alive, call_model, sleep,
+                context,
+            )  # fmt: skip
             context.after_reply(reply)
             message, calls = reply.message, reply.tool_calls
             if not calls:

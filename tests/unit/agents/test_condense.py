@@ -178,3 +178,15 @@ def test_a_conversation_with_nothing_to_summarise_is_left_as_masking_left_it() -
     assert done is not None
     assert (done.how, done.condensed, summaries) == ("masked", 0, [])
     assert len(messages) == 2  # no note added for nothing condensed
+
+
+def test_a_middle_smaller_than_its_note_is_not_summarised() -> None:
+    # The brief alone passes the limit; between it and the latest messages lie two short
+    # exchanges, less than a note (opening, summary, pinned facts) would take.
+    brief = {"role": "user", "content": "a brief of many words " * 700}
+    messages = [HEAD[0], brief, *exchange(0, "short"), *exchange(1, "short")]
+    before = [dict(m) for m in messages]
+    summaries: list[list[dict[str, Any]]] = []
+    assert condenser(summaries).fit(messages) is None  # no call, no event
+    assert summaries == []
+    assert messages == before

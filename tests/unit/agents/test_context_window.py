@@ -116,3 +116,14 @@ def test_the_record_keeps_the_whole_conversation_across_condensations(tmp_path: 
     assert calls == [r.message["tool_calls"][0]["id"] for r in replies]  # every reply, in order
     notes = [m for m in transcript if str(m.get("content", "")).startswith("[merlin: ")]
     assert len(notes) == sum(c.how != "masked" for c in condensed)
+
+
+def test_a_reply_asks_for_at_most_a_quarter_of_a_small_window(tmp_path: Path) -> None:
+    # A 4,096-token local model with the tiers' default max_tokens (4,096): asking for all
+    # of it would leave the request no room.
+    with ModelServer(window=4096) as server:
+        tier = Tier(name="small", model="openai/tiny-model", api_base=server.url,
+                    context_window=4096)  # fmt: skip
+        run_agent(tier, BRIEF, Toolbox(make_repo(tmp_path / "repo")), None, lambda *_: None)
+    assert tier.max_tokens == 4096
+    assert [request.body["max_tokens"] for request in server.requests] == [1024]

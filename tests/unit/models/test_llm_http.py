@@ -22,6 +22,7 @@ from merlin_flow.failures import FailureKind
 from merlin_flow.models.diagnosis import examine, retry_after
 from merlin_flow.models.endpoints import NO_KEY, pin_endpoints
 from merlin_flow.models.llm import Completion, complete, litellm_module, outgoing
+from merlin_flow.models.window import FLOOR_TOKENS
 from merlin_flow.tools.toolbox import Toolbox
 from tests.model_server import ModelServer, error, text, tool_call
 
@@ -121,7 +122,8 @@ def test_requests_carry_max_tokens_temperature_and_no_retries(
 ) -> None:
     agent(tier_at(server.url), tmp_path, Journal())
     body = server.requests[0].body
-    assert body["max_tokens"] == DEFAULT_MAX_TOKENS
+    # The tier's 4,096 is capped to a quarter of the window (an unmapped model: 8,192).
+    assert body["max_tokens"] == min(DEFAULT_MAX_TOKENS, FLOOR_TOKENS // 4) == 2048
     assert body["temperature"] == 0
     assert {tool["function"]["name"] for tool in body["tools"]} >= {"read_file", "write_file"}
 
