@@ -148,7 +148,8 @@ class Condenser:
         if not middle or (not force and self._note_tokens() >= self._tokens_of(middle)):
             # Nothing between the brief and the latest messages, or less than the note
             # that would stand for it (the brief itself is most of the request): no call.
-            return Condensation("masked", before, after, masked, 0, force) if masked or force else None
+            done = Condensation("masked", before, after, masked, 0, force)
+            return done if masked or force else None
         summary = self._summary(middle)
         how = "summarised" if summary is not None else "dropped"
         if summary is None:

@@ -170,15 +170,24 @@ def record_request(
 
 
 def request_context(
-    repository: JobRepository, base: str, config: MerlinConfig, request: str
+    repository: JobRepository,
+    base: str,
+    config: MerlinConfig,
+    request: str,
+    drawn: list[str] | None = None,
 ) -> Callable[[Classification], RepositoryContext]:
-    """What ``make_plan`` reads of the repository: attached files, README, tree, specs."""
+    """What ``make_plan`` reads of the repository: attached files, README, tree, specs.
+
+    ``drawn`` is filled with the paths of the specs the planner is given.
+    """
 
     def read(kind: Classification) -> RepositoryContext:
         specs = config.specs
-        constraints, _paths = relevant_constraints(
+        constraints, paths = relevant_constraints(
             repository.path, base, specs.paths, specs.top, request, SPEC_CHARS, specs.scorer
         )
+        if drawn is not None:
+            drawn[:] = [str(path) for path in paths]
         budget = config.planning.context_tokens
         readable = Permissions(config.permissions).path_readable
         return read_context(
@@ -215,13 +224,15 @@ def plan_job(
             job.plan = question_record(tier, answer.transcript, answer.error, answer.citations)
             record_answer(session, job, answer.text, answer.error)
             return JobStatus(job.status)
-    made = make_plan(request, config, request_context(repository, base, config, request), calls)
+    drawn: list[str] = []
+    context = request_context(repository, base, config, request, drawn)
+    made = make_plan(request, config, context, calls)
     tasklist = to_tasklist(request, made.steps)
     with db.session() as session:
         job = _still_planning(session, job_id)
         job.title = tasklist.title
         job.tasklist = tasklist.model_dump(mode="json")
-        job.plan = plan_record(made, job.tasklist)
+        job.plan = plan_record(made, job.tasklist, drawn)
         how = "fallback plan" if made.fallback else f"plan of {len(tasklist.steps)} step(s)"
         await_approval(session, job, how)
     return JobStatus.AWAITING_APPROVAL
@@ -247,9 +258,15 @@ def question_record(
     }
 
 
-def plan_record(made: Plan, tasklist: dict[str, Any]) -> dict[str, Any]:
-    """What the job keeps of its planning: ``plan --json``'s fields, answers and problems."""
+def plan_record(
+    made: Plan, tasklist: dict[str, Any], specs: list[str] | None = None
+) -> dict[str, Any]:
+    """What the job keeps of its planning: ``plan --json``'s fields, answers and problems.
+
+    ``specs``: the paths of the specs the planner drew on (kept as ``specs`` when given).
+    """
     return {
+        **({"specs": list(specs)} if specs is not None else {}),
         **plan_json(made, dict(tasklist, steps=[dict(s) for s in tasklist["steps"]])),
         "reason": made.classification.reason,
         "answers": made.answers,

@@ -1,10 +1,10 @@
 """``merlin ui``: the jobs dashboard, a Starlette app over the views ``status --json`` uses.
 
 Pages are rendered on the server (Jinja2, autoescaped); a few lines of JavaScript
-(``static/live.js``) follow the event stream (``stream.py``). Actions are the CLI's own
-operations (``jobs.control``, ``jobs.requesting``) with the CLI's publishing
-(``workers.canvas``), recorded as the dashboard's user. ``access.py`` says who may see
-and act.
+(``static/live.js``) follow the event stream (``stream.py``), or poll ``/api/events``
+without it. Actions are the CLI's own operations (``jobs.control``, ``jobs.requesting``)
+with the CLI's publishing (``workers.canvas``); an approval or rejection is recorded as
+``merlin ui (ADDRESS)``. ``access.py`` says who may see and act.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from merlin_flow.ui import formats
 from merlin_flow.ui.access import COOKIE, Access
 from merlin_flow.ui.filters import AGES, JobsFilter
 from merlin_flow.ui.fleet import fleet_view, parse_days
-from merlin_flow.ui.stream import feed, newest_event
+from merlin_flow.ui.stream import events_after, feed, newest_event
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,18 @@ OPEN = ("/login", "/healthz", "/static")
 """Paths served without the token: the login form, the health check, the script."""
 CONFIRMED = ("cancel", "reject")
 """Actions the page asks to confirm."""
+STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+"""The event stream's headers: no cache, and no buffering by nginx (docs/dashboard.md)."""
+
+
+def actor(request: Request) -> str:
+    """Who approves or rejects from the dashboard: ``merlin ui (ADDRESS)``.
+
+    The dashboard knows no user (its one token is everyone's), only the address uvicorn
+    gives for the request: the browser's, or the ``X-Forwarded-For`` of a proxy it trusts
+    (127.0.0.1 and ::1 unless ``FORWARDED_ALLOW_IPS`` says otherwise).
+    """
+    return f"merlin ui ({request.client.host})" if request.client else "merlin ui"
 
 
 def create_app(db: Database, settings: Settings, access: Access, read_only: bool) -> Starlette:
@@ -125,8 +137,16 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         if not after.isdigit():
             return PlainTextResponse("after: an event id", status_code=400)
         stream = feed(db, int(after), request.query_params.get("job"))
-        return StreamingResponse(stream, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store"})  # fmt: skip
+        return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
+
+    async def api_events(request: Request) -> Response:
+        """The events the stream would send next, at once: the pages' polling fallback."""
+        after = request.query_params.get("after", "0")
+        if not after.isdigit():
+            return PlainTextResponse("after: an event id", status_code=400)
+        job_id = request.query_params.get("job")
+        batch = await anyio.to_thread.run_sync(events_after, db, int(after), job_id)
+        return JSONResponse(batch, headers={"Cache-Control": "no-store"})
 
     async def act(request: Request) -> Response:
         if read_only:
@@ -136,7 +156,7 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
             return PlainTextResponse("missing or wrong CSRF token", status_code=403)
         job_id, action = request.path_params["job"], request.path_params["action"]
         try:
-            await anyio.to_thread.run_sync(_do, db, settings, job_id, action)
+            await anyio.to_thread.run_sync(_do, db, settings, job_id, action, actor(request))
         except MerlinError as exc:
             return PlainTextResponse(f"{action} {job_id}: {exc}", status_code=409)
         return RedirectResponse(f"/jobs/{job_id}", status_code=303)
@@ -174,6 +194,7 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         Route("/fleet", fleet),
         Route("/api/fleet", fleet),
         Route("/events", events),
+        Route("/api/events", api_events),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/healthz", healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
@@ -277,8 +298,12 @@ def _actions(view: Any) -> list[str]:
     return [] if view["finished_at"] else ["cancel"]
 
 
-def _do(db: Database, settings: Settings, job_id: str, action: str) -> None:
-    """The CLI's operation ``action`` on ``job_id``, then its publishing."""
+def _do(db: Database, settings: Settings, job_id: str, action: str, who: str) -> None:
+    """The CLI's operation ``action`` on ``job_id``, then its publishing.
+
+    ``who`` is recorded as the approver or rejecter (cancel and resume record no one,
+    as on the command line).
+    """
     from merlin_flow.jobs.control import cancel_job, resume_job
     from merlin_flow.jobs.decisions import reject_job
     from merlin_flow.jobs.requesting import approve_job
@@ -289,10 +314,10 @@ def _do(db: Database, settings: Settings, job_id: str, action: str) -> None:
         resume_job(db, settings, job_id)
         _publish(db, job_id)
     elif action == "approve":
-        approve_job(db, settings, job_id, "merlin ui")
+        approve_job(db, settings, job_id, who)
         _publish(db, job_id)
     elif action == "reject":
-        reject_job(db, job_id, "merlin ui")
+        reject_job(db, job_id, who)
     else:
         from merlin_flow.errors import InputError
 

@@ -1,9 +1,11 @@
 """`merlin ui` in Debian's Chromium (Selenium with Debian's chromedriver), against a real
-server process and a real worker: jobs appear and move without a reload, a plan is
-approved from the page and runs, reject asks first, and the token guards every door."""
+server process and a real worker: jobs appear and move without a reload (by the stream,
+or by polling without it), the job page follows an escalation, a plan is approved from
+the page and runs, reject asks first and then rejects, and the token guards every door."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -80,11 +82,18 @@ class Dashboard:
     """`merlin ui` and a worker on one MERLIN_HOME."""
 
     def __init__(
-        self, tmp_path: Path, *args: str, token: str | None = None, sleep_seconds: float = 2
+        self,
+        tmp_path: Path,
+        *args: str,
+        token: str | None = None,
+        sleep_seconds: float = 2,
+        **files: str,
     ) -> None:
-        local = LOCAL_SCRIPT.replace("rules:\n", "rules:\n" + PLANNER_RULES, 1)
-        self.tasklist, self.config = write_job_files(tmp_path / "job", local=local,
-                                                     sleep_seconds=sleep_seconds)  # fmt: skip
+        """``files``: the scripts and TaskList ``write_job_files`` writes (``local``...)."""
+        files.setdefault("local", LOCAL_SCRIPT.replace("rules:\n", "rules:\n" + PLANNER_RULES, 1))
+        self.tasklist, self.config = write_job_files(
+            tmp_path / "job", sleep_seconds=sleep_seconds, **files
+        )
         extra = {"MERLIN_UI_TOKEN": token} if token else {}
         self.env = merlin_env(tmp_path / "home", **extra)
         self.url = f"http://127.0.0.1:{_free_port()}"
@@ -105,6 +114,16 @@ class Dashboard:
         stop_worker(self.worker)
         self.server.terminate()
         self.server.wait(timeout=20)
+
+
+def _texts(driver: WebDriver, selector: str) -> list[str]:
+    """The elements' texts, read at once: the page re-renders the job as it moves."""
+    found: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]),"
+        " (cell) => cell.textContent.trim())",
+        selector,
+    )
+    return found
 
 
 @pytest.fixture
@@ -132,15 +151,7 @@ def test_a_job_appears_and_moves_without_a_reload(
     driver.get(f"{dashboard.url}/jobs/{job}")
     driver.execute_script("window.loadedOnce = true")
 
-    def texts(selector: str) -> list[str]:
-        """The cells' texts, read at once: the page re-renders the job as it moves."""
-        found: list[str] = driver.execute_script(
-            "return Array.from(document.querySelectorAll(arguments[0]),"
-            " (cell) => cell.textContent.trim())",
-            selector,
-        )
-        return found
-
+    texts = functools.partial(_texts, driver)
     assert texts('#job tr[data-step="fix"] td.status')[0] in ("Pending", "InProgress")
     steps = "#job tr[data-step] td.status"
     wait_for(lambda: texts(steps) == ["Completed"] * 3, 120, "the steps to pass on the page")
@@ -149,29 +160,48 @@ def test_a_job_appears_and_moves_without_a_reload(
     wait_for(lambda: texts("#job p .status") == ["completed"], 30, "the job's status")
 
 
-def test_a_plan_is_approved_from_the_page_and_reject_asks_first(
+def _plan(board: Dashboard, repo: Path) -> str:
+    """A request planned from the CLI: its job, awaiting approval."""
+    planned = json.loads(merlin(board.env, "submit", REQUEST, "--repo", str(repo),
+                                "--config", str(board.config), "--json").stdout)  # fmt: skip
+    assert planned["status"] == "awaiting_approval"
+    job: str = planned["job_id"]
+    return job
+
+
+def test_a_plan_is_approved_from_the_page_and_another_rejected_once_confirmed(
     browser: WebDriver, dashboard: Dashboard, py_repo: Path
 ) -> None:
     driver = browser
-    planned = json.loads(merlin(dashboard.env, "submit", REQUEST, "--repo", str(py_repo),
-                                "--config", str(dashboard.config), "--json").stdout)  # fmt: skip
-    job = planned["job_id"]
-    assert planned["status"] == "awaiting_approval"
+    job, other = _plan(dashboard, py_repo), _plan(dashboard, py_repo)
     driver.get(f"{dashboard.url}/jobs/{job}")
     assert "Fix answer()" in driver.find_element(By.TAG_NAME, "table").text
-    driver.find_element(By.CSS_SELECTOR, 'form[action$="/reject"] button').click()
-    alert = driver.switch_to.alert
-    assert alert.text == f"reject job {job}?"
-    alert.dismiss()
-    assert status_json(dashboard.env, job)["status"] == "awaiting_approval"
     driver.find_element(By.CSS_SELECTOR, 'form[action$="/approve"] button').click()
+    approved = "approved by merlin ui (127.0.0.1)"  # the browser's address: it has no user
+    wait_for(lambda: approved in " ".join(_texts(driver, "#job > p")), 20, "the approved page")
+    # The other plan: Reject asks first; dismissed, nothing happens; accepted, it is rejected.
+    driver.get(f"{dashboard.url}/jobs/{other}")
+    reject = 'form[action$="/reject"] button'
+    driver.find_element(By.CSS_SELECTOR, reject).click()
+    alert = driver.switch_to.alert
+    assert alert.text == f"reject job {other}?"
+    alert.dismiss()
+    assert status_json(dashboard.env, other)["status"] == "awaiting_approval"
+    driver.find_element(By.CSS_SELECTOR, reject).click()
+    driver.switch_to.alert.accept()
+    wait_for(lambda: _texts(driver, "#job p .status") == ["rejected"], 20, "the rejected page")
+    assert "rejected by merlin ui (127.0.0.1)" in driver.find_element(By.ID, "job").text
+    assert driver.find_elements(By.CSS_SELECTOR, "#job form") == []  # nothing left to do
+    rejected = status_json(dashboard.env, other)
+    assert (rejected["status"], rejected["steps"]) == ("rejected", [])
+    assert rejected["plan"]["rejected_by"] == "merlin ui (127.0.0.1)"
     wait_for(lambda: status_json(dashboard.env, job)["status"] == "completed", 120, "the job")
     view = status_json(dashboard.env, job)
-    assert view["plan"]["approved_by"] == "merlin ui"
+    assert view["plan"]["approved_by"] == "merlin ui (127.0.0.1)"
 
 
 def test_the_token_guards_pages_and_stream_and_read_only_offers_nothing(
-    browser: WebDriver, tmp_path: Path
+    browser: WebDriver, tmp_path: Path, py_repo: Path
 ) -> None:
     board = Dashboard(tmp_path, "--host", "0.0.0.0", "--read-only", token=TOKEN)
     try:
@@ -186,6 +216,10 @@ def test_the_token_guards_pages_and_stream_and_read_only_offers_nothing(
         wait_for(lambda: driver.find_elements(By.ID, "jobs"), 10, "the jobs page")
         assert "read-only" in driver.find_element(By.TAG_NAME, "header").text
         assert driver.find_elements(By.CSS_SELECTOR, 'form[method="post"]') == []  # no action
+        driver.get(f"{board.url}/jobs/{_plan(board, py_repo)}")  # a plan waiting: no form either
+        assert _texts(driver, "#job p .status") == ["awaiting_approval"]
+        assert "Fix answer()" in driver.find_element(By.TAG_NAME, "table").text
+        assert driver.find_elements(By.CSS_SELECTOR, "form, button") == []
     finally:
         board.stop()
 
@@ -218,5 +252,95 @@ def test_the_attempt_panel_follows_a_running_transcript_without_moving_the_reade
                  60, "slow#1 to pass")  # fmt: skip
         selected = driver.find_elements(By.CSS_SELECTOR, "a.bar.selected")
         assert [a.get_attribute("data-panel") for a in selected] == ["slow#1"]  # kept on re-render
+    finally:
+        board.stop()
+
+
+SLOW_STEP = """\
+title: Add double
+steps:
+  - id: slow
+    step_type: Feature
+    description: add double(x) with a test
+    exit_command: python -m pytest -q test_double.py
+"""
+
+
+def test_without_a_stream_the_pages_poll_and_go_back_to_the_stream(
+    browser: WebDriver, dashboard: Dashboard, py_repo: Path, tmp_path: Path
+) -> None:
+    driver = browser
+    (tmp_path / "slow.yaml").write_text(SLOW_STEP)
+    mode = "return [document.body.dataset.live, !document.getElementById('live-mode').hidden]"
+    # A browser without EventSource: the jobs page polls, and a row still moves.
+    script = driver.execute_cdp_cmd(
+        "Page.addScriptToEvaluateOnNewDocument", {"source": "delete window.EventSource"}
+    )
+    job = dashboard.submit(py_repo, str(tmp_path / "slow.yaml"))  # a step of 2 s and more
+    driver.get(dashboard.url)
+    driver.execute_script("window.loadedOnce = true")
+    assert driver.execute_script("return typeof window.EventSource") == "undefined"
+    assert driver.execute_script(mode) == ["polling", True]
+    row = f'tr[data-job="{job}"] td.status'
+    assert _texts(driver, row) in (["pending"], ["running"])
+    wait_for(lambda: _texts(driver, row) == ["completed"], 60, "the row to move by polling")
+    assert _texts(driver, f'tr[data-job="{job}"] td.steps') == ["1/1"]
+    assert driver.execute_script("return window.loadedOnce") is True
+    # A stream that fails: the page polls (a new job is counted), then the stream is back.
+    driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", script)
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": [f"{dashboard.url}/events*"]})
+    driver.get(dashboard.url)
+    wait_for(lambda: driver.execute_script(mode) == ["polling", True], 10, "polling")
+    dashboard.submit(py_repo, str(tmp_path / "slow.yaml"))
+    note = wait_for(
+        lambda: (n := driver.find_element(By.ID, "new-jobs")).is_displayed() and n,
+        10,
+        "the new-jobs control, by polling",
+    )
+    assert note.text.startswith("new jobs: 1")
+    driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+    wait_for(lambda: driver.execute_script(mode) == ["stream", False], 15, "the stream again")
+
+
+# The cheap tier takes a while, then breaks the answer; the premium tier fixes it.
+SLOW_WRONG = """\
+rules:
+  - turn: 0
+    reply:
+      tool_calls:
+        - name: run_command
+          arguments: {command: "sleep 3"}
+  - turn: 1
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 41", new: "return 40"}
+  - reply: {content: "done"}
+"""
+
+
+def test_the_job_page_follows_an_escalation(
+    browser: WebDriver, tmp_path: Path, py_repo: Path
+) -> None:
+    from tests.e2e.test_run import ONE_STEP, PREMIUM_RIGHT
+
+    driver = browser
+    board = Dashboard(tmp_path, local=SLOW_WRONG, premium=PREMIUM_RIGHT, tasklist=ONE_STEP)
+    try:  # no fix on the same tier: a failed verification escalates at once
+        board.config.write_text(board.config.read_text() + "fix_attempts = 0\n")
+        job = board.submit(py_repo, str(board.tasklist))
+        driver.get(f"{board.url}/jobs/{job}")
+        driver.execute_script("window.loadedOnce = true")
+        bars = "#job a.bar"
+        assert _texts(driver, bars) in ([], ["#1 execute@local: running"])
+        second = '#job a.bar.passed[data-panel="fix#2"]'
+        wait_for(lambda: _texts(driver, second), 60, "the escalated attempt's bar")
+        assert _texts(driver, bars) == [
+            "#1 execute@local: failed (exit 1)",
+            "#2 escalate@premium: passed (exit 0)",
+        ]
+        assert driver.execute_script("return window.loadedOnce") is True
+        wait_for(lambda: _texts(driver, "#job p .status") == ["completed"], 30, "the job's end")
     finally:
         board.stop()

@@ -2,7 +2,8 @@
 // Jobs page: a listed job's row is updated in place; new jobs are counted behind a
 // control, so the rows never shift under the reader. Job page: the body is re-rendered
 // on the job's events; the side panel shows the selected attempt and, while it runs,
-// follows its transcript without moving a reader who scrolled up.
+// follows its transcript without moving a reader who scrolled up. Without EventSource,
+// or while the stream is down, the same events are polled for every 3 s (/api/events).
 (function () {
   "use strict";
   for (const form of document.querySelectorAll("form[data-confirm]")) {
@@ -52,13 +53,37 @@
     }, 1500);
   }
 
-  if (!window.EventSource) return;
-  const after = (job ? live : document.getElementById("new-jobs")).dataset.after;
-  const source = new EventSource("/events?after=" + after + (job ? "&job=" + job : ""));
+  // Each event is handled once, whether the stream or the polling brought it.
+  let last = Number((job ? live : document.getElementById("new-jobs")).dataset.after);
   let pending = false;
+  const refreshing = new Set();
   const seen = new Set(Array.from(document.querySelectorAll("tr[data-job]"), (r) => r.dataset.job));
-  source.addEventListener("merlin", (message) => {
-    const event = JSON.parse(message.data);
+
+  function refreshRow(id) {
+    if (refreshing.has(id)) return;
+    refreshing.add(id);
+    setTimeout(() => {
+      refreshing.delete(id);  // an event from now on asks again
+      fetch("/api/jobs/" + id).then((r) => r.json()).then((view) => update(id, view));
+    }, 300);
+  }
+
+  function update(id, view) {
+    const row = document.querySelector('tr[data-job="' + id + '"]');
+    if (!row) return;
+    const status = row.querySelector("td.status");
+    status.textContent = view.status;
+    status.className = "status " + view.status;
+    row.querySelector("td.steps").textContent = view.progress.Completed + "/" + view.progress.total;
+    row.querySelector("td.cost span").textContent = money(view);
+    const tiers = view.steps.flatMap((s) => s.attempts).filter((a) => a.started_at);
+    tiers.sort((a, b) => a.started_at.localeCompare(b.started_at));
+    if (tiers.length) row.querySelector("td.tier").textContent = tiers[tiers.length - 1].tier;
+  }
+
+  function handle(event) {
+    if (event.id <= last) return;
+    last = event.id;
     if (job) {
       if (pending) return;
       pending = true;
@@ -73,18 +98,7 @@
         });
       }, 300);
     } else if (seen.has(event.job)) {
-      fetch("/api/jobs/" + event.job).then((r) => r.json()).then((view) => {
-        const row = document.querySelector('tr[data-job="' + event.job + '"]');
-        if (!row) return;
-        const status = row.querySelector("td.status");
-        status.textContent = view.status;
-        status.className = "status " + view.status;
-        row.querySelector("td.steps").textContent = view.progress.Completed + "/" + view.progress.total;
-        row.querySelector("td.cost span").textContent = money(view);
-        const tiers = view.steps.flatMap((s) => s.attempts).filter((a) => a.started_at);
-        tiers.sort((a, b) => a.started_at.localeCompare(b.started_at));
-        if (tiers.length) row.querySelector("td.tier").textContent = tiers[tiers.length - 1].tier;
-      });
+      refreshRow(event.job);
     } else {
       seen.add(event.job);
       const wanted = new URLSearchParams(location.search);
@@ -102,5 +116,39 @@
             (wanted.get("repo") || view.repo) === view.repo) count();
       });
     }
-  });
+  }
+
+  // The fallback: without EventSource, or while the stream is down, the same events are
+  // asked for every POLL ms (/api/events); the stream takes over again once it is open.
+  const POLL = 3000, RETRY = 5000;
+  let fallback = false, asking = false;
+  const query = () => "?after=" + last + (job ? "&job=" + encodeURIComponent(job) : "");
+  function poll() {
+    if (!fallback || asking) return;
+    asking = true;
+    fetch("/api/events" + query()).then((r) => (r.ok ? r.json() : [])).catch(() => []).then((batch) => {
+      asking = false;
+      batch.forEach(handle);
+      if (batch.length >= 500) poll();  // a full batch: more are waiting
+    });
+  }
+  setInterval(poll, POLL);
+  function polling(on) {
+    document.body.dataset.live = on ? "polling" : "stream";
+    document.getElementById("live-mode").hidden = !on;
+    const was = fallback;
+    fallback = on;
+    if (on && !was) poll();
+  }
+  function connect() {
+    const source = new EventSource("/events" + query());
+    source.addEventListener("merlin", (message) => handle(JSON.parse(message.data)));
+    source.onopen = () => polling(false);
+    source.onerror = () => {
+      polling(true);
+      // CLOSED: the browser gave up (an HTTP error, not a cut): open a new one later.
+      if (source.readyState === EventSource.CLOSED) setTimeout(connect, RETRY);
+    };
+  }
+  if (window.EventSource) connect(); else polling(true);
 })();

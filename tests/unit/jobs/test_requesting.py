@@ -195,9 +195,12 @@ def test_the_relevant_specs_reach_the_planner(db: Database, settings: Settings, 
         asked.append(messages[-1]["content"])
         return complete(tier, messages, tools)
 
-    submit_request(db, settings, REQUEST, str(repo), call_model=spy)
+    made = submit_request(db, settings, REQUEST, str(repo), call_model=spy)
     assert "Constraints from the project's specs" in asked[0]
     assert "A Point is immutable." in asked[0]
+    plan = _job(db, made.job_id).plan
+    assert plan is not None
+    assert plan["specs"] == ["specs/geo.md"]  # what the dashboard's plan view lists
 
 
 def test_planning_cut_off_is_replayed_from_the_journal(

@@ -25,8 +25,13 @@ from workers.app import app as merlin_app
 TOKEN = "s" * 24
 
 
+ADDRESS = "192.0.2.7"
+"""The address the test client's requests come from (an approver's, for the record)."""
+
+
 def client(db: Database, settings: Settings, token: str | None = None, **kw: bool) -> TestClient:
-    return TestClient(create_app(db, settings, Access(token), kw.get("read_only", False)))
+    app = create_app(db, settings, Access(token), kw.get("read_only", False))
+    return TestClient(app, client=(ADDRESS, 50000))
 
 
 def csrf(page: str) -> str:
@@ -95,7 +100,7 @@ def test_a_token_guards_pages_json_and_stream(
 ) -> None:
     job = finished_job(db, settings, py_repo, tmp_path, "true")
     web = client(db, settings, TOKEN)
-    for path in ("/", f"/jobs/{job}", f"/api/jobs/{job}", "/events?after=0"):
+    for path in ("/", f"/jobs/{job}", f"/api/jobs/{job}", "/events?after=0", "/api/events"):
         assert web.get(path).status_code == 401, path
     assert (
         web.get("/", headers={"accept": "text/html"}, follow_redirects=False).headers["location"]
@@ -137,7 +142,9 @@ def test_a_plan_is_shown_approved_and_rejection_is_confirmed(
     assert approved.status_code == 303
     assert job_status(db, made.job_id) == JobStatus.PENDING
     assert published == [(made.job_id, merlin_app)]
-    assert web.get(f"/api/jobs/{made.job_id}").json()["plan"]["approved_by"] == "merlin ui"
+    approver = f"merlin ui ({ADDRESS})"  # the dashboard has no user: its client's address
+    assert web.get(f"/api/jobs/{made.job_id}").json()["plan"]["approved_by"] == approver
+    assert f"approved by {approver}" in web.get(f"/jobs/{made.job_id}").text
     again = web.post(f"/jobs/{made.job_id}/approve", data={"csrf": csrf(page)})
     assert again.status_code == 409
 
@@ -187,3 +194,113 @@ def test_a_questions_conversation_has_a_page_with_its_calls(
     assert page.status_code == 200
     assert "It returns 41." in page.text
     assert page.text.count("<td>local</td>") == 2  # its two calls, made for the job
+
+
+def test_a_plan_is_rejected_from_the_page_and_the_rejecter_recorded(
+    db: Database,
+    settings: Settings,
+    repo: Path,  # noqa: F811
+) -> None:
+    made = submit_request(db, settings, REQUEST, str(repo))
+    web = client(db, settings)
+    token = csrf(web.get(f"/jobs/{made.job_id}").text)
+    rejected = web.post(f"/jobs/{made.job_id}/reject", data={"csrf": token},
+                        follow_redirects=False)  # fmt: skip
+    assert (rejected.status_code, rejected.headers["location"]) == (303, f"/jobs/{made.job_id}")
+    assert job_status(db, made.job_id) == JobStatus.REJECTED
+    assert job_view(db, made.job_id)["plan"]["rejected_by"] == f"merlin ui ({ADDRESS})"
+    page = web.get(f"/jobs/{made.job_id}").text
+    assert f"rejected by merlin ui ({ADDRESS})" in page
+    assert "<button" not in page  # nothing left to do to a rejected plan
+    assert web.post(f"/jobs/{made.job_id}/approve", data={"csrf": token}).status_code == 409
+
+
+def test_a_plan_shows_the_specs_it_drew_on_when_its_record_has_them(
+    db: Database,
+    settings: Settings,
+    repo: Path,  # noqa: F811
+) -> None:
+    from merlin_flow.store import Job
+
+    made = submit_request(db, settings, REQUEST, str(repo))
+    web = client(db, settings)
+    assert "specs it drew on" not in web.get(f"/jobs/{made.job_id}").text  # not recorded
+
+    def record(specs: list[str]) -> str:
+        with db.session() as session:
+            job = session.get_one(Job, made.job_id)
+            job.plan = dict(job.plan or {}, specs=specs)
+        return web.get(f"/jobs/{made.job_id}").text
+
+    page = record(["specs/geo.md", "specs/<api>.md"])
+    assert "<h3>specs it drew on</h3>" in page
+    assert '<ul id="plan-specs"><li><code>specs/geo.md</code></li>' in page
+    assert "<code>specs/&lt;api&gt;.md</code>" in page  # escaped
+    assert "none: the planner's prompt held no spec's constraints" in record([])
+
+
+def test_cancel_and_resume_from_the_page_are_the_clis_operations(
+    db: Database,
+    settings: Settings,
+    py_repo: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.unit.scripted_jobs import scripted_job
+
+    published: list[str] = []
+    monkeypatch.setattr(workers.canvas, "enqueue_job", lambda _db, job_id: published.append(job_id))
+    job = scripted_job(db, settings, py_repo, tmp_path)  # pending: no worker takes it
+    web = client(db, settings)
+    page = web.get(f"/jobs/{job}").text
+    assert f'data-confirm="cancel job {job}?"' in page  # the page asks first
+    assert 'action="/jobs/' + job + '/resume"' not in page
+    token = csrf(page)
+    assert web.post(f"/jobs/{job}/cancel", data={"csrf": "forged"}).status_code == 403
+    assert job_status(db, job) == JobStatus.PENDING
+    cancelled = web.post(f"/jobs/{job}/cancel", data={"csrf": token}, follow_redirects=False)
+    assert cancelled.status_code == 303
+    view = job_view(db, job)
+    assert (view["status"], view["steps"][0]["status"]) == ("cancelled", "Skipped")
+    assert web.post(f"/jobs/{job}/cancel", data={"csrf": token}).status_code == 409  # ended
+    page = web.get(f"/jobs/{job}").text
+    assert 'action="/jobs/' + job + '/resume"' in page
+    assert 'action="/jobs/' + job + '/cancel"' not in page
+    assert published == []
+    resumed = web.post(f"/jobs/{job}/resume", data={"csrf": token}, follow_redirects=False)
+    assert resumed.status_code == 303
+    view = job_view(db, job)
+    assert (view["status"], view["finished_at"], view["steps"][0]["status"]) == (
+        "pending", None, "Pending")  # fmt: skip
+    assert published == [job]  # its tasks published, as `merlin resume` does
+    assert web.post(f"/jobs/{job}/resume", data={"csrf": token}).status_code == 409
+    assert web.post(f"/jobs/{job}/nope", data={"csrf": token}).status_code == 409
+
+
+def test_polling_gets_the_events_the_stream_would_send(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from merlin_flow.ui import server, stream
+
+    job = finished_job(db, settings, py_repo, tmp_path, "true")
+    web = client(db, settings)
+    every = web.get("/api/events?after=0")
+    assert every.headers["cache-control"] == "no-store"
+    assert every.json() == stream.events_after(db, 0)
+    ids = [event["id"] for event in every.json()]
+    assert ids == sorted(ids)
+    assert len(ids) > 3
+    assert [e["id"] for e in web.get(f"/api/events?after={ids[2]}").json()] == ids[3:]
+    assert web.get(f"/api/events?after={ids[-1]}").json() == []
+    assert web.get(f"/api/events?after=0&job={job}").json() == every.json()
+    assert web.get("/api/events?after=0&job=other").json() == []
+    assert web.get("/api/events?after=x").status_code == 400
+    # The stream itself asks proxies not to buffer it (nginx: X-Accel-Buffering).
+    monkeypatch.setattr(server, "feed", lambda db, after, job_id: stream.feed(
+        db, after, job_id, until=time.monotonic() + 0.2))  # fmt: skip
+    streamed = web.get("/events?after=0")
+    assert streamed.headers["x-accel-buffering"] == "no"
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.count("event: merlin") == len(ids)
