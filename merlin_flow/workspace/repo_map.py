@@ -253,7 +253,8 @@ def _render(
             while d >= 0 and d not in lines:  # a method shows its class too
                 lines.add(d)
                 d = found[d].parent
-        body = "".join(f"{_LINE_MARK}{found[d].text}\n" for d in sorted(lines))
+        texts = [found[d].text for d in sorted(lines)]  # overloads alike are shown once
+        body = "".join(f"{_LINE_MARK}{t}\n" for n, t in enumerate(texts) if t not in texts[:n][-1:])
         path = chosen[position].path
         blocks.append(f"{path}:\n{body}" if body else f"{path}\n")
         shown.append(path)

@@ -223,3 +223,15 @@ def test_the_same_content_as_code_and_as_a_test_is_tagged_both_ways(tmp_path: Pa
     assert made.stats.parsed == 2
     assert "pkg/dup.py:\n│def shared_helper():\n" in made.text
     assert "pkg/tests/dup.py\n" in made.text  # its path only: a test's definitions are not read
+
+
+def test_overloads_alike_are_shown_once(tmp_path: Path) -> None:
+    source = (
+        "import typing as t\n\n\n@t.overload\ndef prompt(\n    text: str,\n) -> str: ...\n\n\n"
+        "@t.overload\ndef prompt(\n    text: str, default: int\n) -> int: ...\n\n\n"
+        "def prompt(\n    text, default=None\n):\n    return default\n\n\n"
+        "def confirm(text):\n    return prompt(text)\n"
+    )
+    repo = make_repo(tmp_path / "repo", {"termui.py": source})
+    shown = build_map(repo, budget_tokens=500).text.splitlines()
+    assert shown == ["termui.py:", "│def prompt(", "│def confirm(text):"]
