@@ -28,6 +28,7 @@ from sqlalchemy.orm.attributes import instance_state
 
 from merlin_flow.errors import RecordInDoubt, StoreError
 from merlin_flow.resources import resource_dir
+from merlin_flow.store.wal import enable_wal
 
 if TYPE_CHECKING:
     from merlin_flow.store.redaction import Redactor
@@ -137,7 +138,7 @@ def _engine_options(url: str) -> dict[str, Any]:
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    enable_wal(cursor, SQLITE_BUSY_TIMEOUT_MS / 1000)
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")

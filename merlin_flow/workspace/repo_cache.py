@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from merlin_flow.store.wal import enable_wal
 from merlin_flow.workspace.repo_rank import RepoIndex
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class TagStore:
         assert self.path is not None
         db = sqlite3.connect(self.path, timeout=60)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
+            enable_wal(db, 60)
             db.execute("PRAGMA synchronous=NORMAL")
             with db:
                 yield db
