@@ -48,6 +48,11 @@ LAST = frozenset(
     }
 )  # fmt: skip
 """Tests that kill workers and time what follows: last, once the machine is quieter."""
+BENCHMARKS_BESIDE = frozenset(
+    {"broker_poll", "cli_startup", "dag", "memory", "planning", "sandbox"}
+)
+"""The benchmarks whose smoke runs (``tests/e2e/test_benchmarks.py``) go with ``BESIDE``:
+about half of their time; the others run with the rest."""
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -67,6 +72,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             if not nodeid.startswith("tests/e2e/"):
                 return nodeid
             name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+            if name == "test_benchmarks.py":  # the smoke runs time nothing they assert
+                bench = nodeid.rsplit("[", 1)[-1].rstrip("]")
+                return "e2e-beside" if bench in BENCHMARKS_BESIDE else "e2e"
             return "e2e-beside" if name in BESIDE else "e2e"
 
     return EndToEndApart(config, log)

@@ -10,7 +10,7 @@ The one-shot commands (the migration, ``merlin doctor --json``, what the healthc
 run) are measured by their peak resident size (``ru_maxrss`` from ``wait4``).
 
 Without ``--smoke`` it writes its section of docs/BENCHMARKS.md; ``--smoke`` measures
-each once with a short idle and writes nothing.
+each once with a short idle, the verify worker at 2 processes only, and writes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,6 @@ LLM = ["worker", "--queues", "llm,control", "--pool", "threads", "--concurrency"
 """The llm worker of deploy/compose.yaml and deploy/k8s/worker-llm.yaml."""
 VERIFY = ["worker", "--queues", "verify", "--pool", "prefork", "--concurrency"]
 """The verify worker, one process per core (given here: 2, then 4)."""
-UI_PORT = 8791
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ def group_pss_kib(leader: int) -> int:
                 if line.startswith("Pss:"):
                     total += int(line.split()[1])
     return total
+
+
+def free_port() -> int:
+    """A port nothing listens on now, on 127.0.0.1."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def peak_rss_mib(args: list[str], env: dict[str, str], codes: tuple[int, ...] = (0,)) -> float:
@@ -107,21 +114,22 @@ def idle_worker_mib(args: list[str], env: dict[str, str], log: Path, idle: float
 
 def idle_ui_mib(env: dict[str, str], log: Path, idle: float) -> float:
     """The PSS of ``merlin ui`` once it has served its jobs page and idled ``idle`` s."""
-    url = f"http://127.0.0.1:{UI_PORT}/"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
 
     def answers() -> bool:
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as reply:
             return bool(reply.status == 200)
         return False
 
-    with started(["ui", "--port", str(UI_PORT)], env, log) as ui:
+    with started(["ui", "--port", str(port)], env, log) as ui:
         wait_until(answers, f"merlin ui on {url}", [ui], [log])
         time.sleep(idle)
         return group_pss_kib(ui.pid) / 1024
 
 
-def measure(env: dict[str, str], work: Path, idle: float) -> list[Figure]:
-    """Every figure, on the backend ``env`` names."""
+def measure(env: dict[str, str], work: Path, idle: float, smoke: bool = False) -> list[Figure]:
+    """Every figure, on the backend ``env`` names (``smoke``: the verify worker at 2 only)."""
     upgrade = peak_rss_mib(["db", "upgrade"], env)
     # doctor exits 1 here: no worker serves the queues yet, no tier has a key.
     doctor = peak_rss_mib(["doctor", "--json"], env, codes=(0, 1))
@@ -131,22 +139,25 @@ def measure(env: dict[str, str], work: Path, idle: float) -> list[Figure]:
         Figure("healthcheck, readiness", "merlin doctor --json", doctor, "peak RSS"),
         Figure("llm worker, idle", "merlin " + " ".join(LLM), llm, "PSS, process group"),
     ]
-    for processes in (2, 4):
+    for processes in (2,) if smoke else (2, 4):
         args = [*VERIFY, str(processes)]
         mib = idle_worker_mib(args, env, work / f"verify{processes}.log", idle)
         what = f"verify worker, idle, {processes} processes"
         figures.append(Figure(what, "merlin " + " ".join(args), mib, "PSS, process group"))
     ui = idle_ui_mib(env, work / "ui.log", idle)
-    figures.append(Figure("dashboard, idle", f"merlin ui --port {UI_PORT}", ui, "PSS"))
+    figures.append(Figure("dashboard, idle", "merlin ui --port PORT", ui, "PSS"))
     return figures
 
 
 def table(figures: list[Figure]) -> str:
     """The figures as a Markdown table, with the cost of each further verify process."""
     rows = [f"| {f.what} | `{f.command}` | {f.mib:.0f} MiB | {f.how} |" for f in figures]
-    two, four = (next(f.mib for f in figures if f"{n} processes" in f.what) for n in (2, 4))
-    each = (four - two) / 2
-    rows.append(f"| each further verify process | (4 processes - 2) / 2 | {each:.0f} MiB | PSS |")
+    verify = {n: f.mib for n in (2, 4) for f in figures if f"{n} processes" in f.what}
+    if len(verify) == 2:
+        each = (verify[4] - verify[2]) / 2
+        rows.append(
+            f"| each further verify process | (4 processes - 2) / 2 | {each:.0f} MiB | PSS |"
+        )
     header = "| process | command | memory | measured as |\n|---|---|---|---|\n"
     return header + "\n".join(rows) + "\n"
 
@@ -183,7 +194,7 @@ def main() -> None:
             with scaled_env(work) as backend:
                 env = merlin_env(work / "home", **backend)
                 env.pop("MERLIN_SWEEP_INTERVAL")  # the deployment's own sweep
-                figures = measure(env, work, idle)
+                figures = measure(env, work, idle, args.smoke)
         except Unavailable as exc:
             if not args.smoke or os.environ.get("CI"):
                 raise SystemExit(f"redis+postgres: {exc}") from None
