@@ -31,20 +31,19 @@ Figures go to docs/BENCHMARKS.md ("Context").
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from merlin_flow.agents.condense import Condensation, Condenser
+from merlin_flow.agents.condense import Condensation
 from merlin_flow.agents.loop import AgentResult, StepBrief, run_agent
 from merlin_flow.config import Limits, Tier
 from merlin_flow.models.window import PromptCounter
 from merlin_flow.tools.toolbox import Toolbox
+from tests.bench.solve_rate import condensing
 from tests.model_server import ModelServer, Reply, prompt_tokens, text, tool_call
 
 BRIEF = StepBrief(
@@ -141,7 +140,7 @@ def summary_reply(body: dict[str, Any]) -> Reply | None:
 def run_step(workdir: Path, window: int, rounds: int, condense: bool = True) -> Run:
     """The trajectory on a server enforcing ``window`` (unless not ``condense``)."""
     run = Run(window if condense else None)
-    with ModelServer(window=run.window, respond=summary_reply) as server, _condensing(condense):
+    with ModelServer(window=run.window, respond=summary_reply) as server, condensing(condense):
         server.queue(*trajectory(rounds))
         tier = Tier(
             name="small",
@@ -189,20 +188,6 @@ def measure(rounds: int, window: int) -> tuple[Run, Run]:
         small = run_step(make_repo(Path(folder) / "small"), window, rounds)
         large = run_step(make_repo(Path(folder) / "large"), window, rounds, condense=False)
     return small, large
-
-
-@contextlib.contextmanager
-def _condensing(on: bool) -> Iterator[None]:
-    """Leave condensation on, or switch it off for the baseline."""
-    if on:
-        yield
-        return
-    original = Condenser.fit
-    Condenser.fit = lambda self, messages, force=False: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        Condenser.fit = original  # type: ignore[method-assign]
 
 
 def report(small: Run, large: Run) -> str:

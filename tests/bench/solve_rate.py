@@ -149,7 +149,7 @@ def run_task(task: Task, variant: tuple[str, ...], tier: Tier, folder: Path, out
             out.cost_usd += reply.cost_usd
 
     try:
-        with _condensing("condense" in variant):
+        with condensing("condense" in variant):
             run_agent(tier, brief, toolbox, None, on_call, limits=Limits(max_turns=30))
     except MerlinError as exc:  # the model failed for good or ran out of turns
         out.failed[task.name] = f"{type(exc).__name__}: {exc}"[:200]
@@ -162,7 +162,7 @@ def run_task(task: Task, variant: tuple[str, ...], tier: Tier, folder: Path, out
 
 
 @contextlib.contextmanager
-def _condensing(on: bool) -> Iterator[None]:
+def condensing(on: bool) -> Iterator[None]:
     """Condensation as merlin has it, or switched off."""
     if on:
         yield
