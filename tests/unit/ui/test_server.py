@@ -224,13 +224,18 @@ def test_a_plan_shows_the_specs_it_drew_on_when_its_record_has_them(
 
     made = submit_request(db, settings, REQUEST, str(repo))
     web = client(db, settings)
-    assert "specs it drew on" not in web.get(f"/jobs/{made.job_id}").text  # not recorded
+    planned = web.get(f"/jobs/{made.job_id}").text  # the planner recorded what it drew on
+    assert '<ul id="plan-specs"><li><code>specs/geo.md</code></li></ul>' in planned
 
-    def record(specs: list[str]) -> str:
+    def record(specs: list[str] | None) -> str:
         with db.session() as session:
             job = session.get_one(Job, made.job_id)
-            job.plan = dict(job.plan or {}, specs=specs)
+            plan = dict(job.plan or {})
+            plan.pop("specs", None)
+            job.plan = plan if specs is None else dict(plan, specs=specs)
         return web.get(f"/jobs/{made.job_id}").text
+
+    assert "specs it drew on" not in record(None)  # a plan made before they were recorded
 
     page = record(["specs/geo.md", "specs/<api>.md"])
     assert "<h3>specs it drew on</h3>" in page
