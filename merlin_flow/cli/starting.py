@@ -1,8 +1,7 @@
 """Commands that start work: ``run``, ``submit``, ``resume``, ``replay`` and ``demo``.
 
-Each is thin: the library checks and records (``submission.submit_job``,
-``control.resume_job``, ``replay.create_replay``), then the job is enqueued for the
-workers or worked in this process.
+Each is thin: the library checks and records (``submission.submit_job``, ``control.resume_job``,
+``replay.create_replay``), then the job is enqueued for the workers or worked here.
 """
 
 from __future__ import annotations
@@ -71,9 +70,8 @@ def _submit(
 ) -> tuple[Database, str]:
     """Check and record the job (nothing enqueued yet); warn when its sandbox is off.
 
-    Celery is imported first, so that the job's messages follow its commit within
-    milliseconds: the recovery sweep takes a step queued for long with no message for
-    lost (``merlin_flow.engine.recovery.grace``).
+    Celery is imported first, so that the job's messages follow its commit within ms: the
+    recovery sweep takes a step queued long with no message for lost (``recovery.grace``).
     """
     import workers.app  # noqa: F401
     from merlin_flow.jobs.submission import submit_job
