@@ -20,7 +20,7 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from kombu import Exchange, Queue
 
 from merlin_flow.engine.leases import set_worker_name
-from merlin_flow.models.llm import preload, preload_in_background
+from merlin_flow.models.llm import preload
 from workers.queues import ALL_QUEUES
 from workers.sweeper import Sweeper
 from workers.tasks import runtime
@@ -65,8 +65,8 @@ class EmbeddedWorker:
         self._sweeper: Sweeper | None = None
 
     def start(self) -> None:
-        """Start consuming, and the recovery sweeper; litellm is imported meanwhile."""
-        preload_in_background()  # solo pool, no fork: the first call waits if need be
+        """Start consuming, and the recovery sweeper."""
+        preload()
         hostname = f"embedded-{uuid.uuid4().hex[:6]}@{socket.gethostname()}"
         set_worker_name(hostname)
         self._worker = self.app.WorkController(

@@ -121,12 +121,10 @@ def run(
 
     def work() -> None:
         from merlin_flow.jobs.submission import check_budget
-        from merlin_flow.models.llm import preload_in_background
 
         check_quiet(quiet, as_json)
         check_report_paths(junit, patch)
         check_budget(budget)
-        preload_in_background()  # the model calls' imports, while the job is submitted
         path = tasklist_file(tasklist)
         if path is not None:
             db, job_id = _submit(path, repo, config, budget, works_here=True)

@@ -76,31 +76,6 @@ def preload() -> None:
     getattr(litellm, "encoding", None)  # its default tokenizer loads on first use (0.3 s)
 
 
-_background: threading.Thread | None = None
-
-
-def preload_in_background() -> None:
-    """``preload`` in a thread of this process, once: what runs meanwhile is not held up.
-
-    ``merlin run`` starts it first, so that litellm's import (seconds) overlaps the
-    submission and the worktree; a model call made before it ends waits for it (the
-    import lock). A failure is left for that call to meet again.
-    """
-    global _background
-    with _lock:
-        if _background is not None or _litellm is not None:
-            return
-        _background = threading.Thread(target=_quiet_preload, name="merlin-preload", daemon=True)
-    _background.start()
-
-
-def _quiet_preload() -> None:
-    try:
-        preload()
-    except Exception:  # the first model call imports it again, and says what failed
-        logging.getLogger(__name__).debug("preloading litellm failed", exc_info=True)
-
-
 @dataclass
 class Completion:
     """A model's reply in OpenAI message form, with what it cost."""

@@ -208,11 +208,11 @@ Run of {date.today().isoformat()}, Python {platform.python_version()}:
 
 The `merlin run` row is no start-up: from starting a 1-step scripted `merlin run` on a
 one-file repository (a fresh process) to its first model call, read from the journal.
-litellm's import starts in a thread of its own as `merlin run` starts, so the submission
-and the worktree are made meanwhile. That import, with what litellm loads on a first
-call (the `preload()` row), is the floor of the first call: every model call, the
-scripted model's too, goes through litellm. The 1.5 s target cannot be met while that
-import takes longer.
+litellm's import, with what litellm loads on a first call (the `preload()` row), is the
+floor of the first call: every model call, the scripted model's too, goes through
+litellm. The 1.5 s target cannot be met while that import takes longer. (Importing it
+in a thread of its own while the job was submitted saved nothing measurable, and once
+left a `merlin run` of a question hanging in CI: it is imported in the foreground.)
 
 `merlin --help` imports neither litellm, Celery nor SQLAlchemy
 (`tests/unit/test_public_api.py`). `list`, `status` (of a job finished or not, as a
