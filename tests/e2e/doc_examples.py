@@ -64,6 +64,24 @@ def normalized(text: str) -> list[str]:
     return [line.rstrip() for line in text.splitlines()]
 
 
+def quickstart_demo_mismatches(out: str) -> list[list[str]]:
+    """The two outputs of ``merlin demo`` docs/quickstart.md shows (its progress and its
+    summary, normalized) that ``out`` does not hold as shown; [] when both are there."""
+    quickstart = (DOCS / "quickstart.md").read_text()
+    samples = re.findall(
+        r"```text\n(throwaway repository.*?|job [0-9a-f]{12} · .*?)```", quickstart, re.S
+    )
+    assert len(samples) == 2, "docs/quickstart.md shows the demo's progress and summary"
+    lines = normalized(out)
+    missing = []
+    for sample in samples:
+        expected = normalized(sample)
+        start = lines.index(expected[0]) if expected[0] in lines else -1
+        if start < 0 or lines[start : start + len(expected)] != expected:
+            missing.append(expected)
+    return missing
+
+
 def shows(real: str, shown: str) -> bool:
     """Whether ``shown`` is ``real`` (both normalized), or, abridged, a part of it.
 

@@ -26,7 +26,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tests.conftest import git
-from tests.e2e.doc_examples import normalized
+from tests.e2e.doc_examples import quickstart_demo_mismatches
 from tests.installed import ROOT, SHIPPED, build, install, shipped_files
 
 pytestmark = pytest.mark.e2e
@@ -148,16 +148,7 @@ def test_the_wheel_installed_in_a_fresh_venv_runs_the_demo(tmp_path: Path) -> No
     assert "step fix passed on tier premium" in out
     assert "+    return sum(values) / len(values)" in out  # the diff it prints last
     # docs/quickstart.md shows this run's progress and summary: the wheel keeps them true.
-    quickstart = (ROOT / "docs" / "quickstart.md").read_text()
-    samples = re.findall(
-        r"```text\n(throwaway repository.*?|job [0-9a-f]{12} · .*?)```", quickstart, re.S
-    )
-    assert len(samples) == 2
-    lines = normalized(out)
-    for sample in samples:
-        expected = normalized(sample)
-        start = lines.index(expected[0])
-        assert lines[start : start + len(expected)] == expected
+    assert quickstart_demo_mismatches(out) == []
     # Its state went to the fresh MERLIN_HOME, its work to the throwaway repository.
     assert (home / "merlin.db").is_file()
     assert (home / "jobs" / job[1] / f"{job[1]}.patch").is_file()
