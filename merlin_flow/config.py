@@ -161,6 +161,12 @@ class Routing(BaseModel):
     """Tier for medium steps; the cheapest tier when unset."""
     complex: str | None = None
     """Tier for complex steps; the cheapest tier when unset."""
+    learn: bool = True
+    """Start a step on the tier the journal says is cheapest for its kind of step in its
+    repository, once it holds enough evidence (see merlin_flow.planning.route_learning)."""
+    learn_after: float = Field(default=3.0, gt=0)
+    """How much evidence (similar finished steps, weighted) the journal needs before it
+    overrides the rules above."""
 
 
 class Planning(BaseModel):

@@ -126,6 +126,7 @@ def show_plan(db: Database, job_id: str) -> None:
     """The preview of a job's plan, as `merlin plan` shows it."""
     from merlin_flow.cli.planning import plan_table
     from merlin_flow.config import MerlinConfig
+    from merlin_flow.jobs.submission import learned_routes
     from merlin_flow.store import Job
     from merlin_flow.tasklist import TaskList
 
@@ -133,7 +134,8 @@ def show_plan(db: Database, job_id: str) -> None:
         job = session.get_one(Job, job_id)
         record, config = job.plan or {}, MerlinConfig.model_validate(job.config)
         tasklist = TaskList.model_validate(job.tasklist) if job.tasklist else None
-    console.print(plan_table(record, config, tasklist))
+        repo = job.repo
+    console.print(plan_table(record, config, tasklist, learned_routes(db, repo, config)))
 
 
 def describe_request(db: Database, view: JobView) -> None:

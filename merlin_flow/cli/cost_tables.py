@@ -11,6 +11,7 @@ from rich.text import Text
 if TYPE_CHECKING:
     from merlin_flow.jobs.costs import CostsSince, JobCosts
     from merlin_flow.jobs.replay import ReplayReport
+    from merlin_flow.jobs.routing_report import RoutingReport
 
 COST_COLUMNS = ("calls", "replayed", "cached", "failed", "tokens in", "tokens out", "cost")
 """The numeric columns of every cost table: right-aligned, so their digits line up."""
@@ -101,6 +102,33 @@ def costs_since_table(report: CostsSince) -> Table:
     for row in report["tiers"]:
         table.add_row(row["tier"], *_cost_cells(row))
     table.add_row("total", *_cost_cells(report["total"]), style="bold")
+    return table
+
+
+def routing_table(report: RoutingReport) -> Table:
+    """`merlin costs --routing`: how often the first tier was right, per way of routing."""
+    total = report["total"]
+    share = "-" if total["right_share"] is None else f"{total['right_share']:.0%}"
+    when = "" if report["since_hours"] is None else f" since {report['since_hours']:g} h"
+    title = f"{total['steps']} finished steps{when} · the first tier was right for {share}"
+    table = Table(title=title, title_justify="left")
+    for column in ("routed by", "first tier"):
+        table.add_column(column)
+    for column in ("steps", "right first", "escalated", "failed", "right", "cost", "wasted"):
+        table.add_column(column, justify="right")
+    for row in [*report["rows"], total]:
+        table.add_row(
+            row["by"],
+            row["tier"],
+            str(row["steps"]),
+            str(row["right_first"]),
+            str(row["escalated"]),
+            str(row["failed"]),
+            "-" if row["right_share"] is None else f"{row['right_share']:.0%}",
+            f"${row['cost_usd']:.4f}",
+            f"${row['wasted_usd']:.4f}",
+            style="bold" if row is total else "",
+        )
     return table
 
 

@@ -36,7 +36,7 @@ def status(
         if as_json:
             console.print_json(json.dumps(view))
             return
-        from merlin_flow.cli.render import steps_table
+        from merlin_flow.cli.render import route_lines, steps_table
 
         if view["request"] is not None:
             from merlin_flow.cli.approval import describe_request
@@ -49,6 +49,8 @@ def status(
         console.print(steps_table(view, plain=not console.is_terminal, stalled=bool(waiting)))
         if waiting:
             console.print(f"[yellow]{escape(waiting)}[/]", highlight=False)
+        if routes := route_lines(view):
+            console.print(escape(routes), highlight=False)
         console.print(f"branch: {view['branch'] or 'none'}")
         if view["error"]:
             console.print(f"[red]error:[/] {escape(view['error'])}")
@@ -177,14 +179,34 @@ def costs(
     since: Annotated[
         str | None, typer.Option("--since", help="Totals across jobs created since, e.g. 7d.")
     ] = None,
+    routing: Annotated[
+        bool,
+        typer.Option("--routing", help="How often the tier steps started on was right."),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Calls, tokens and cost of a job (per step, tier, attempt), or totals since a time."""
+    """Calls, tokens and cost of a job (per step, tier, attempt), or totals since a time.
+
+    With --routing: the finished steps (since --since, else all) by how they were routed
+    and the tier they started on: passed there, escalated, failed, and the cost.
+    """
 
     def work() -> None:
         from merlin_flow.cli.cost_tables import costs_since_table, job_costs_tables
         from merlin_flow.jobs.costs import CostsSince, JobCosts, costs_since, job_costs, parse_since
 
+        if routing:
+            from merlin_flow.cli.cost_tables import routing_table
+            from merlin_flow.jobs.routing_report import routing_report
+
+            if job_id is not None:
+                raise InputError("--routing reports on every job: give no JOB id")
+            found = routing_report(state()[1], parse_since(since) if since else None)
+            if as_json:
+                console.print_json(json.dumps(found))
+            else:
+                console.print(routing_table(found))
+            return
         if (job_id is None) == (since is None):
             raise InputError("give a JOB id or --since (like --since 7d): one of the two")
         _, db = state()

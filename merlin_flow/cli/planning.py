@@ -16,12 +16,14 @@ from merlin_flow.cli.common import (
     check_report_paths,
     console,
     guarded,
+    state,
 )
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
     from merlin_flow.config import MerlinConfig
+    from merlin_flow.planning.route_learning import RouteBook
     from merlin_flow.tasklist import TaskList
 
 
@@ -48,6 +50,7 @@ def plan(
         from merlin_flow.errors import InputError
         from merlin_flow.jobs.reports import write_atomically
         from merlin_flow.jobs.requesting import plan_record, request_context
+        from merlin_flow.jobs.submission import learned_routes
         from merlin_flow.planning.planner import make_plan, plan_json
         from merlin_flow.planning.reading import to_tasklist
         from merlin_flow.settings import get_settings
@@ -78,7 +81,8 @@ def plan(
             console.print_json(json.dumps(plan_json(made, dumped)))
             return
         record = plan_record(made, tasklist.model_dump(mode="json") if tasklist else {"steps": []})
-        console.print(plan_table(record, merlin_config, tasklist))
+        book = learned_routes(state()[1], repository.location, merlin_config)
+        console.print(plan_table(record, merlin_config, tasklist, book))
         if out is not None:
             again = submit_command(out, repo, config)
             console.print(f"written to {escape(str(out))}: edit it, then `{escape(again)}`")
@@ -99,11 +103,15 @@ def submit_command(tasklist: Path, repo: str, config: Path | None) -> str:
 
 
 def plan_table(
-    record: dict[str, Any], config: MerlinConfig, tasklist: TaskList | None
+    record: dict[str, Any],
+    config: MerlinConfig,
+    tasklist: TaskList | None,
+    book: RouteBook | None = None,
 ) -> RenderableType:
-    """The preview: how the plan was made, then a row per step with its estimates.
+    """The preview: how the plan was made, a row per step with its estimates, the routes.
 
-    ``record`` is what the job keeps of its planning (``requesting.plan_record``).
+    ``record`` is what the job keeps of its planning (``requesting.plan_record``);
+    ``book`` the repository's finished steps the steps are routed by.
     """
     from rich.console import Group
     from rich.table import Table
@@ -118,11 +126,14 @@ def plan_table(
     table = Table(title=f"plan: {tasklist.title}", title_justify="left")
     for column in ("step", "type", "title", "depends on", "est. tokens", "est. cost (tier)"):
         table.add_column(column, overflow="fold")
-    *rows, totals = plan_rows(record, config, tasklist)
+    *rows, totals = plan_rows(record, config, tasklist, book)
     for row in rows:
         table.add_row(row.step, row.step_type, row.title, row.depends_on, row.tokens, row.cost)
     table.add_row("total", "", "", "", totals.tokens, totals.cost, style="bold")
-    return Group(how, table)
+    routes = [f"  {row.step}: {row.route}" for row in rows if row.route]
+    if not routes:
+        return Group(how, table)
+    return Group(how, table, Text("\n".join(["starts on:", *routes])))
 
 
 def _project_specs(repo: str, config: Path | None) -> tuple[list[Any], Any]:

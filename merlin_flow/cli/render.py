@@ -123,6 +123,15 @@ def steps_lines(view: JobView, stalled: bool = False) -> Text:
     return Text("\n".join(lines))
 
 
+def route_lines(view: JobView) -> str:
+    """Where each step started and why: ``started on:`` then a line per routed step."""
+    from merlin_flow.planning.route_learning import describe
+
+    routed = [step for step in view["steps"] if step["route"]]
+    lines = [f"  {step['id']}: {describe(step['route'])}" for step in routed]
+    return "\n".join(["started on:", *lines]) if lines else ""
+
+
 def failure_notes(view: JobView) -> Text:
     """The evidence of each failing step: its exit command's exit code and last lines.
 

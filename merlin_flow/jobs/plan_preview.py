@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from merlin_flow.config import MerlinConfig
-from merlin_flow.planning.routing import start_tier
+from merlin_flow.planning.route_learning import RouteBook, describe
 from merlin_flow.tasklist import TaskList
 
 N = TypeVar("N", int, float)
@@ -31,6 +31,8 @@ class PlanRow:
     tokens: str
     cost: str
     """``$0.0012 (local)``: the estimate and the tier the step starts on."""
+    route: str = ""
+    """Why it starts there and on what evidence (empty without the journal)."""
 
 
 def how_planned(record: dict[str, Any], config: MerlinConfig) -> tuple[str, bool]:
@@ -54,8 +56,14 @@ def how_planned(record: dict[str, Any], config: MerlinConfig) -> tuple[str, bool
     return f"one step, not sent to the planner: a single action ({record['reason']})", False
 
 
-def plan_rows(record: dict[str, Any], config: MerlinConfig, tasklist: TaskList) -> list[PlanRow]:
-    """A row per step of ``tasklist``, then the total (its ``step`` is ``total``)."""
+def plan_rows(
+    record: dict[str, Any], config: MerlinConfig, tasklist: TaskList, book: RouteBook | None = None
+) -> list[PlanRow]:
+    """A row per step of ``tasklist``, then the total (its ``step`` is ``total``).
+
+    ``book``: the repository's finished steps, which route the steps as submission will
+    (the rules alone when None, and no route is described).
+    """
     by_id = {step["id"]: step for step in record["steps"]}
     tokens_of: list[int | None] = []
     costs: list[float | None] = []
@@ -63,7 +71,8 @@ def plan_rows(record: dict[str, Any], config: MerlinConfig, tasklist: TaskList) 
     for task in tasklist.steps:
         planned = by_id.get(task.id)
         tokens = planned["estimated_tokens"] if planned else None
-        tier = config.tiers[start_tier(task, config)[0]]
+        route = (book or RouteBook([])).route(task, config)
+        tier = config.tiers[route.tier]
         cost = None if tokens is None or tier.price_in is None else tokens * tier.price_in / 1e6
         tokens_of.append(tokens)
         costs.append(cost)
@@ -75,6 +84,7 @@ def plan_rows(record: dict[str, Any], config: MerlinConfig, tasklist: TaskList) 
                 ", ".join(task.depends_on or []) or "-",
                 estimate(tokens, str),
                 estimate(cost, "${:.4f}".format) + f" ({tier.name})",
+                describe(route.to_record(config)) if book is not None else "",
             )
         )
     totals = PlanRow(

@@ -39,6 +39,7 @@ from merlin_flow.jobs.submission import (
     check_budget,
     check_exit_commands,
     default_exit_commands,
+    learned_routes,
     left_out_warnings,
     new_job_id,
 )
@@ -306,13 +307,14 @@ def approve_job(
         commands = default_exit_commands(chosen, config, files)
         agents = choose_agents(chosen.steps, config, load_agents(files, settings.home_dir))
     check_exit_commands(chosen, config, commands)
+    book = learned_routes(db, location, config)
     who = approved_by or user_name()
 
     def write(session: Session) -> None:
         job = waiting(session.get(Job, job_id, with_for_update=True), job_id, "approved")
         job.tasklist = chosen.model_dump(mode="json")
         job.title = chosen.title
-        add_steps(job, chosen, config, commands, settings, agents)
+        add_steps(job, chosen, config, commands, settings, agents, book)
         job.plan = dict(job.plan or {}, approved_by=who, approved_at=utcnow().isoformat())
         job.plan["edited"] = tasklist is not None
         approve_plan(session, job, who, edited=tasklist is not None)

@@ -27,7 +27,7 @@ from merlin_flow.errors import ConfigError, InputError, RecordInDoubt
 from merlin_flow.failures import AttemptKind
 from merlin_flow.models.credentials import require_a_usable_tier
 from merlin_flow.models.endpoints import pin_endpoints
-from merlin_flow.planning.routing import start_tier
+from merlin_flow.planning.route_learning import RouteBook, route_book
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, Phase, Step, StepStatus
 from merlin_flow.store.database import write_patiently
@@ -189,6 +189,7 @@ def create_job(
                 agents = agents or choose_agents(tasklist.steps, config, catalog)
         job_id = new_job_id()
         branch = job_branch(job_id)
+        book = learned_routes(db, repository.location, config)
         repository.start_branch(branch, base)
 
     def write(session: Session) -> None:
@@ -206,7 +207,7 @@ def create_job(
             replay_of=replay_of,
         )
         session.add(job)
-        add_steps(job, tasklist, config, commands, settings, agents)
+        add_steps(job, tasklist, config, commands, settings, agents, book)
         message = f"job submitted: {tasklist.title}"
         add_event(session, job_id, EventKind.JOB_SUBMITTED, message)
 
@@ -227,21 +228,25 @@ def add_steps(
     commands: list[str],
     settings: Settings,
     agents: list[AgentChoice],
+    book: RouteBook | None = None,
 ) -> None:
     """Give ``job`` a row per step, routed to its first tier; queue those that may start.
 
-    A step's agent may name its first tier (`tier:` or `model:`). The steps that need no
-    other are queued (``graph.runnable``: at most ``max_parallel_steps`` of them).
+    ``book``: the repository's finished steps, to learn the first tier from (the rules
+    alone when None). A step's agent may name its first tier (`tier:` or `model:`). The
+    steps that need no other are queued (``graph.runnable``: at most
+    ``max_parallel_steps`` of them).
     """
-    starts = [start_tier(step, config) for step in tasklist.steps]
+    routes = [(book or RouteBook([])).route(step, config) for step in tasklist.steps]
     needs = dependencies(tasklist.steps)
-    for position, (step, (start, complexity), command, depends_on, choice) in enumerate(
-        zip(tasklist.steps, starts, commands, needs, agents, strict=True)
+    for position, (step, route, command, depends_on, choice) in enumerate(
+        zip(tasklist.steps, routes, commands, needs, agents, strict=True)
     ):
         agent = choice.agent
+        start, record = route.tier, route.to_record(config)
         own = agent_tier_index(agent, config)
         if own is not None and step.tier is None:  # the step's own `tier:` wins
-            start = own
+            start, record = own, {**record, "by": "step", "tier": config.tiers[own].name}
         row = Step(
             position=position,
             key=step.id,
@@ -258,13 +263,22 @@ def add_steps(
             status=StepStatus.PENDING,
             phase=Phase.ATTEMPT,
             tier_index=start,
-            complexity=complexity.value,
+            complexity=route.complexity.value,
+            route=record,
             next_kind=AttemptKind.EXECUTE,
         )
         job.steps.append(row)
     for row in runnable(job.steps, config.limits.max_parallel_steps):
         for key, value in queued_values(settings.handoff_seconds).items():
             setattr(row, key, value)
+
+
+def learned_routes(db: Database, repo: str, config: MerlinConfig) -> RouteBook | None:
+    """The finished steps of ``repo`` to route by, when ``[routing] learn`` is on."""
+    if not config.routing.learn:
+        return None
+    with db.reader() as session:
+        return route_book(session, repo)
 
 
 def check_exit_commands(tasklist: TaskList, config: MerlinConfig, commands: list[str]) -> None:

@@ -24,8 +24,7 @@ if TYPE_CHECKING:
     from merlin_flow.jobs.evidence import FailureView
     from merlin_flow.settings import Settings
 
-# What only a job's full view (the step graph, the evidence of a failure) or its diff (git)
-# needs is imported where it is used: `merlin list` reads the jobs table and no more.
+# What only a full view or a diff needs is imported where used: `list` reads jobs alone.
 
 
 class AttemptView(CostFields):
@@ -58,6 +57,8 @@ class StepView(TypedDict):
     status: StepStatus
     tier: str | None
     complexity: str | None
+    route: dict[str, Any] | None
+    """Where the step started and on what evidence (``planning.route_learning``)."""
     exit_command: str
     depends_on: list[str]
     """The steps that must pass before this one starts (a plain list: the one before)."""
@@ -206,6 +207,7 @@ def job_view(db: Database, job_id: str) -> JobView:
                     "status": StepStatus(step.status),
                     "tier": tiers[step.tier_index] if step.tier_index < len(tiers) else None,
                     "complexity": step.complexity,
+                    "route": step.route,
                     "exit_command": step.exit_command,
                     "depends_on": list(step.depends_on or []),
                     "waiting_on": waiting_on(job.steps, step),
@@ -253,10 +255,7 @@ def job_view(db: Database, job_id: str) -> JobView:
 
 
 def made_branch(job: Job) -> str | None:
-    """The job's branch once it exists (``None`` for a question, an unapproved plan).
-
-    A TaskList's job has it from submission, a request's from its approval.
-    """
+    """The job's branch once made: at submission, or at a request's approval (else None)."""
     if job.request is None or (job.plan or {}).get("approved_at"):
         return job.branch
     return None

@@ -58,14 +58,19 @@ PATH_LIKE = re.compile(
 
 def score(step: TaskStep) -> int:
     """The complexity score of a step (see the module docstring)."""
-    text = f"{step.description} {step.verification}"
-    words = len(step.description.split())
-    points = TYPE_SCORE[step.step_type]
+    return score_words(step.step_type, step.description, step.verification)
+
+
+def score_words(step_type: StepType, description: str, verification: str = "") -> int:
+    """The complexity score of a step of ``step_type`` described so."""
+    text = f"{description} {verification}"
+    words = len(description.split())
+    points = TYPE_SCORE[step_type]
     if words > 60:
         points += 1
     elif words <= 12:
         points -= 1
-    if len(set(PATH_LIKE.findall(step.description))) >= 3:
+    if len(set(PATH_LIKE.findall(description))) >= 3:
         points += 1
     if BROAD_WORDS.search(text):
         points += 1
@@ -76,7 +81,11 @@ def score(step: TaskStep) -> int:
 
 def complexity_of(step: TaskStep) -> Complexity:
     """Simple, medium or complex."""
-    points = score(step)
+    return complexity_for(score(step))
+
+
+def complexity_for(points: int) -> Complexity:
+    """The complexity of a score."""
     if points <= 0:
         return Complexity.SIMPLE
     if points == 1:

@@ -60,7 +60,7 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     title: Mapped[str] = mapped_column(Text)
-    repo: Mapped[str] = mapped_column(Text, info=IDENTIFIER)
+    repo: Mapped[str] = mapped_column(Text, index=True, info=IDENTIFIER)
     status: Mapped[str] = mapped_column(String(24), index=True)
     branch: Mapped[str] = mapped_column(Text, info=IDENTIFIER)
     base_commit: Mapped[str] = mapped_column(String(64))
@@ -121,6 +121,8 @@ class Step(Base):
     phase: Mapped[str] = mapped_column(String(16), default=Phase.ATTEMPT.value)
     tier_index: Mapped[int] = mapped_column(Integer, default=0)
     complexity: Mapped[str | None] = mapped_column(String(16))
+    route: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    """Where the step started and why (``merlin_flow.planning.route_learning.Route``)."""
     next_kind: Mapped[str] = mapped_column(String(16), default=AttemptKind.EXECUTE.value)
     base_commit: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)

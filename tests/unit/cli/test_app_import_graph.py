@@ -88,6 +88,7 @@ def test_the_read_commands_import_neither_models_broker_nor_agents(
         ["logs", finished],
         ["costs", finished],
         ["costs", "--since", "7d"],
+        ["costs", "--routing"],
         ["approve", "--help"],
         ["reject", "--help"],
     ]

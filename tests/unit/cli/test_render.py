@@ -111,3 +111,16 @@ def test_an_open_attempt_with_no_live_worker_reads_waiting_not_verifying() -> No
     plain = steps_table(view("passed", 0, ""), plain=True, stalled=True)
     stalled.print(plain)
     assert "fix@local exit 0 ✓" in stalled.export_text()  # a closed attempt keeps its mark
+
+
+def test_status_says_where_each_step_started_and_why(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.cli.render import route_lines
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    shown = route_lines(job_view(db, job_id))
+    assert shown.startswith("started on:\n")
+    assert shown.splitlines()[1].startswith("  ")
+    assert ": by the rules (0 similar steps in the journal, 3 needed to learn)" in shown
+    assert route_lines({**job_view(db, job_id), "steps": []}) == ""  # type: ignore[typeddict-item]

@@ -48,3 +48,26 @@ def test_how_the_plan_was_made() -> None:
     assert how_planned(made, CONFIG)[0] == (
         "planned by tier local in 2.0 s (900 tokens in, 120 out, unknown cost); a test, medium"
     )
+
+
+def test_with_the_journal_each_row_says_where_the_step_starts_and_why() -> None:
+    from merlin_flow.planning.route_learning import PastStep, RouteBook, kind_of
+    from merlin_flow.tasklist import StepType
+
+    description = "add a cache to every handler across the service"
+    learned = PastStep(kind_of(StepType.FEATURE, description), {"local": True}, {"local": 0.01})
+    tasklist = TaskList.model_validate(
+        {"title": "t", "steps": [{"id": "a", "step_type": "Feature", "description": description}]}
+    )
+    config = CONFIG.model_copy(update={"routing": CONFIG.routing.model_copy(
+        update={"medium": "premium"})})  # fmt: skip
+    by_rules, _ = plan_rows(record(), config, tasklist, RouteBook([]))
+    assert by_rules.cost == "unknown (premium)"
+    assert by_rules.route.startswith("premium: by the rules (0 similar steps")
+    by_journal, _ = plan_rows(record(), config, tasklist, RouteBook([learned] * 3))
+    assert by_journal.cost == "unknown (local)"
+    assert by_journal.route == (
+        "local: from the journal (3 similar steps in the journal: local passed 3 of 3, "
+        "premium passed 1.5 of 1.5); the rules say premium"
+    )
+    assert plan_rows(record(), config, tasklist)[0].route == ""  # no journal, no claim
