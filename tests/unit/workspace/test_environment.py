@@ -133,6 +133,19 @@ def test_the_key_follows_the_cache_key_files_only(src_repo: Path) -> None:
     assert plan_environment(src_repo, locked, glob).key != before
 
 
+def test_the_key_files_are_read_in_one_git_process_as_rev_parse_would(src_repo: Path) -> None:
+    from merlin_flow.workspace.environment import _key_files
+    from merlin_flow.workspace.git import git
+
+    wanted = ["pyproject.toml", "src/pkg/__init__.py", "src", "missing.txt", "a b ü.txt"]
+    commit(src_repo, {"a b ü.txt": "odd name\n"})
+    found = _key_files(src_repo, head(src_repo), wanted, set())
+    for path in [*wanted[:3], wanted[4]]:
+        assert found[path] == git("rev-parse", f"HEAD:{path}", cwd=src_repo)
+    assert found["missing.txt"] is None
+    assert list(found) == sorted(wanted)
+
+
 def test_setup_runs_once_per_key_and_is_reused(
     src_repo: Path, settings: Settings, needs_bwrap: None
 ) -> None:
