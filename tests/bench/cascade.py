@@ -1,7 +1,16 @@
 """Benchmark: what a cascade saves. Always premium, always cheapest, merlin's routing.
 
-Run: ``python -m tests.bench.cascade [--jobs 60] [--seed 2026]`` (about 5 minutes;
-``--smoke``: 3 jobs, always premium against merlin, under a minute).
+Run: ``python -m tests.bench.cascade [--jobs 60] [--seed 2026]`` (about a minute;
+``--smoke``: 3 jobs, always premium against merlin, then the learning phase at 6 + 6 jobs,
+under a minute).
+
+Learning mode: ``python -m tests.bench.cascade --learn [--seeds 5] [--jobs 120]
+[--first-seed 2026]`` (``--smoke``: 6 + 6 jobs, one seed). Does routing that learns from
+the journal (``[routing] learn``) start steps on cheaper tiers than the fixed rules? Jobs
+share four repositories, one module per job; the first half teach, the second half are
+measured, with descriptions the router has not seen (a held-out pool, which the rules
+partly misjudge). Always premium, the fixed rules and the learner run on the same draws,
+each on its own copies of the repositories; see ``tests.bench.cascade_learning``.
 
 The workload is ``--jobs`` one-step Debug jobs, a third each easy, medium and hard. Each
 job is its own git repository whose ``answer()`` returns 41; ``python check.py`` passes
@@ -104,14 +113,17 @@ def app_source(difficulty: str, value: int) -> str:
     return f"{padding}\n\ndef answer():\n    return {value}\n"
 
 
-def script(job: BenchJob, tier: str) -> str:
-    """The scripted model of ``tier`` on ``job``: right (42) or wrong (43, then 44)."""
+def script(job: BenchJob, tier: str, path: str = "app.py") -> str:
+    """The scripted model of ``tier`` on ``job``: right (42) or wrong (43, then 44).
+
+    It reads and writes ``path``, the job's module.
+    """
     import yaml
 
     def reply_rules(value: int) -> list[dict[str, Any]]:
-        read = {"name": "read_file", "arguments": {"path": "app.py"}}
+        read = {"name": "read_file", "arguments": {"path": path}}
         content = app_source(job.difficulty, value)
-        write = {"name": "write_file", "arguments": {"path": "app.py", "content": content}}
+        write = {"name": "write_file", "arguments": {"path": path, "content": content}}
         return [
             {"turn": 0, "reply": {"tool_calls": [read]}},
             {"turn": 1, "reply": {"tool_calls": [write]}},
@@ -241,15 +253,31 @@ def run_strategy(
 
 
 def main() -> None:
-    """Run the three strategies on one workload and print the Markdown table."""
+    """Run the strategies on one workload and print the Markdown table (or ``--learn``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=60, help="jobs in the workload (≥ 3)")
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="jobs in the workload (≥ 3; 60, with --learn 120)"
+    )
     parser.add_argument("--seed", type=int, default=2026, help="seed of the success draws")
-    parser.add_argument("--smoke", action="store_true", help="3 jobs, premium against merlin")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="3 jobs, premium against merlin, then a learning phase of 6 + 6 jobs "
+        "(with --learn: 6 + 6 jobs, one seed)",
+    )
+    parser.add_argument("--learn", action="store_true", help="the learning phase (see above)")
+    parser.add_argument("--seeds", type=int, default=5, help="with --learn: how many seeds")
+    parser.add_argument("--first-seed", type=int, default=2026, help="with --learn: the first")
     args = parser.parse_args()
     strategies = list(STRATEGIES)
+    learn_jobs = args.jobs or 120
     if args.smoke:
-        args.jobs, strategies = 3, [strategies[0], strategies[-1]]
+        learn_jobs, args.seeds = 12, 1
+        strategies = [strategies[0], strategies[-1]]
+        args.jobs = 3
+    args.jobs = args.jobs or 60
+    if args.learn and (learn_jobs < 2 or args.seeds < 1):
+        parser.error("--learn needs --jobs ≥ 2 and --seeds ≥ 1")
     with terminated_as_exit(), tempfile.TemporaryDirectory(prefix="merlin-cascade-") as tmp:
         work = Path(tmp)
         import tests.conftest  # noqa: F401  (it sets MERLIN_HOME on import: first, then ours)
@@ -262,8 +290,9 @@ def main() -> None:
         from workers.app import app as celery_app
 
         celery_app.set_default()
-        jobs = workload(args.jobs, args.seed)
-        repos = prepare(work, jobs)
+        if not args.learn:
+            jobs = workload(args.jobs, args.seed)
+            repos = prepare(work, jobs)
         log = work / "worker.log"
         worker = start_worker(merlin_env(work / "home"), log, "--concurrency", "2")
         try:
@@ -273,10 +302,18 @@ def main() -> None:
                 [worker],
                 [log],
             )
-            rows = [run_strategy(name, work, jobs, repos, worker, log) for name in strategies]
+            if not args.learn:
+                rows = [run_strategy(name, work, jobs, repos, worker, log) for name in strategies]
+                print_table(rows, args.jobs, args.seed)
+            if args.learn or args.smoke:
+                from tests.bench import cascade_learning
+
+                if not args.learn:
+                    print("\n## Learning phase (smoke)\n")
+                seeds = range(args.first_seed, args.first_seed + args.seeds)
+                cascade_learning.run(work, worker, log, learn_jobs, seeds)
         finally:
             stop_group(worker)
-    print_table(rows, args.jobs, args.seed)
 
 
 def print_table(rows: list[dict[str, Any]], jobs: int, seed: int) -> None:
