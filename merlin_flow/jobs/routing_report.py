@@ -24,7 +24,8 @@ class RoutingRow(TypedDict):
     """Steps routed one way to one first tier (``by`` and ``tier``), or all of them."""
 
     by: str
-    """``journal``, ``rules``, ``step`` (its own tier), ``unrecorded`` or ``all``."""
+    """``journal``, ``rules``, ``step`` or ``agent`` (they name the tier), ``unrecorded`` or
+    ``all``."""
     tier: str
     """The tier the steps started on (``all`` in the total)."""
     steps: int

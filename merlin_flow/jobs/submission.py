@@ -246,7 +246,7 @@ def add_steps(
         start, record = route.tier, route.to_record(config)
         own = agent_tier_index(agent, config)
         if own is not None and step.tier is None:  # the step's own `tier:` wins
-            start, record = own, {**record, "by": "step", "tier": config.tiers[own].name}
+            start, record = own, {**record, "by": "agent", "tier": config.tiers[own].name}
         row = Step(
             position=position,
             key=step.id,

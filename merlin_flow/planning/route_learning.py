@@ -119,7 +119,10 @@ class TierEstimate:
 
 @dataclass(frozen=True)
 class Route:
-    """Where a step starts and why: ``by`` is ``step`` (its own tier), ``rules`` or ``journal``."""
+    """Where a step starts and why: ``by`` is ``step`` (its own tier), ``rules`` or ``journal``.
+
+    The record says ``agent`` instead of ``step`` when the step's agent names the tier.
+    """
 
     tier: int
     complexity: Complexity
@@ -145,8 +148,9 @@ def describe(record: dict[str, Any] | None) -> str:
     if not record:
         return ""
     tier, rule = record["tier"], record["rule_tier"]
-    if record["by"] == "step":
-        return f"{tier}: the step names it"
+    if record["by"] in ("step", "agent"):
+        who = "the step's agent" if record["by"] == "agent" else "the step"
+        return f"{tier}: {who} names it"
     similar = f"{record['similar']:g} similar steps in the journal"
     if record["by"] == "rules":
         learn_after = record.get("learn_after")
