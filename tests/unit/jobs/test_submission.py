@@ -296,3 +296,37 @@ def test_an_exit_command_in_shell_syntax_runs_with_a_shell_or_is_refused(
     assert "set it (exit commands then run with /bin/sh -c" in str(error.value)
     assert error.value.exit_code == 2
     assert _jobs(db) == 0
+
+
+def test_each_step_records_where_it_starts_and_who_chose_it(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    from merlin_flow.agents.choice import AgentChoice
+    from merlin_flow.agents.definitions import AgentDefinition, AgentScope
+    from merlin_flow.config import MerlinConfig, Tier
+    from merlin_flow.jobs.submission import create_job
+    from merlin_flow.store import Step
+
+    config = MerlinConfig(
+        tiers=[Tier(name="local", model="scripted/a.yaml"), Tier(name="big", model="x/big")]
+    )
+    reviewer = AgentDefinition(
+        name="reviewer", description="reviews", prompt="review", tools=None, tier="big",
+        model=None, memory=None, scope=AgentScope.PROJECT, file="reviewer.md",
+    )  # fmt: skip
+    tasklist = parse_tasklist({"title": "t", "steps": [
+        {"id": "a", "step_type": "Debug", "description": "fix it"},
+        {"id": "b", "step_type": "Verify", "description": "review it"},
+        {"id": "c", "step_type": "Test", "description": "test it", "tier": "big"},
+    ]})  # fmt: skip
+    agents = [AgentChoice(None), AgentChoice(reviewer, "named"), AgentChoice(None)]
+    job_id = create_job(db, settings, tasklist, py_repo, config, agents=agents)
+    with db.reader() as session:
+        steps = session.scalars(select(Step).where(Step.job_id == job_id)).all()
+        routes = {step.key: (step.tier_index, step.route) for step in steps}
+    assert {key: (tier, route["by"], route["tier"]) for key, (tier, route) in routes.items()} == {
+        "a": (0, "rules", "local"),
+        "b": (1, "agent", "big"),
+        "c": (1, "step", "big"),
+    }
+    assert routes["a"][1]["learn_after"] == 3.0
