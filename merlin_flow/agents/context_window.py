@@ -75,6 +75,7 @@ def step_map(description: str, tier: Tier, toolbox: Toolbox) -> str:
         built = build_map(
             toolbox.root, budget_tokens=budget, focus_words=[description],
             cache_dir=map_cache(), count=counter.text, include=readable,
+            min_files=MAP_MIN_FILES,
         )  # fmt: skip
     except Exception:  # a git or parser failure leaves the map out
         log.warning("repository map of %s failed", toolbox.root, exc_info=True)

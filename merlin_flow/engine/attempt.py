@@ -249,8 +249,8 @@ def _work_in_worktree(
             if hits:  # nothing the attempt wrote is committed: it fails
                 error = _refuse_secrets(held, plan.number, hits, error)
             message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
-            commit = commit_all(
-                worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes
+            commit = commit_all(  # keep_secrets_out staged every change (or discarded them)
+                worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes, True
             )
             summary = marked_at(summary, repository.path, commit)  # citations checked
             edits = brief.step_type != StepType.VERIFY.value and writes  # a reviewer writes none

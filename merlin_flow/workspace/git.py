@@ -182,10 +182,14 @@ def remove_worktree(repo: Path, path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def commit_all(worktree: Path, message: str, excludes_file: Path) -> str:
-    """Commit everything in ``worktree`` (an empty commit if nothing changed)."""
-    excludes = f"core.excludesFile={excludes_file}"
-    git("-c", excludes, "add", "-A", cwd=worktree)
+def commit_all(worktree: Path, message: str, excludes_file: Path, staged: bool = False) -> str:
+    """Commit everything in ``worktree`` (an empty commit if nothing changed).
+
+    ``staged``: the caller just staged every change with the same excludes (the secret
+    scan does), so ``git add`` is not run again.
+    """
+    if not staged:
+        git("-c", f"core.excludesFile={excludes_file}", "add", "-A", cwd=worktree)
     git("commit", "--allow-empty", "--no-verify", "-q", "-m", message, cwd=worktree)
     return git("rev-parse", "HEAD", cwd=worktree)
 

@@ -98,6 +98,7 @@ def build_map(
     include: Callable[[str], bool] = lambda _path: True,
     workers: int | None = None,
     refresh: bool = True,
+    min_files: int = 0,
 ) -> RepoMap:
     """The map of ``worktree`` (or, with ``commit``, of that commit of any git directory).
 
@@ -105,9 +106,13 @@ def build_map(
     them. ``include`` says which paths may be shown (the ``[permissions]`` read rules).
     ``cache_dir`` keeps tags and the index between builds (``repo_cache.py``).
     ``refresh`` lets git update a worktree's index stats (``repo_files.list_sources``).
+    With ``min_files`` source files or fewer, no file is read: the map is empty.
     """
     started = time.perf_counter()
     files, contents = list_sources(worktree, commit, include, refresh)
+    if len(files) <= min_files:
+        stats = MapStats(len(files), 0, 0, 0, time.perf_counter() - started)
+        return RepoMap("", tuple(f.path for f in files), (), 0, (), stats)
     key = _repository_key(worktree)
     store = TagStore(cache_dir)
     parsed: list[FileTags] = []

@@ -69,6 +69,16 @@ def test_the_map_shows_paths_and_signature_lines(repo: Path, tmp_path: Path) -> 
     assert made.focused == ()
 
 
+def test_a_repository_of_min_files_or_fewer_gets_no_map_and_reads_nothing(repo: Path) -> None:
+    whole = build_map(repo, budget_tokens=1024)
+    assert whole.text
+    many = len(whole.files)
+    small = build_map(repo, budget_tokens=1024, min_files=many)
+    assert (small.text, small.shown, small.tokens, small.stats.parsed) == ("", (), 0, 0)
+    assert sorted(small.files) == sorted(whole.files)
+    assert build_map(repo, budget_tokens=1024, min_files=many - 1).text == whole.text
+
+
 def test_a_focused_file_and_what_it_uses_come_first(repo: Path) -> None:
     made = shop_map(repo, None, focus_files=["shop/pricing.py"])
     assert made.files[0] == "shop/pricing.py"
