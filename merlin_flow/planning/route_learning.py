@@ -47,8 +47,8 @@ MIN_PASS = 0.15
 """A tier estimated to pass fewer similar steps than this is not started on."""
 INFERRED = 0.5
 """The weight of a pass (failure) carried to a stronger (weaker) tier not tried."""
-HISTORY = 2000
-"""The newest attempts of a repository that are read."""
+HISTORY = 500
+"""The newest finished steps of a repository that are read."""
 NOMINAL_TOKENS = (8000, 1000)
 """Prompt and completion tokens of a step, to compare the tiers' prices."""
 
@@ -255,7 +255,17 @@ def _nominal(tier: Tier) -> float:
 
 
 def route_book(session: Session, repo: str) -> RouteBook:
-    """The finished steps of ``repo`` (``Job.repo``), newest ``HISTORY`` attempts."""
+    """The newest ``HISTORY`` finished steps of ``repo`` (``Job.repo``), with their attempts.
+
+    The newest steps first, by primary key, so a long history is not sorted whole.
+    """
+    newest = (
+        select(Step.id)
+        .join(Job, Job.id == Step.job_id)
+        .where(Job.repo == repo, Step.status.in_([StepStatus.COMPLETED, StepStatus.FAILED]))
+        .order_by(Step.id.desc())
+        .limit(HISTORY)
+    )
     rows = session.execute(
         select(
             Step.id,
@@ -266,15 +276,12 @@ def route_book(session: Session, repo: str) -> RouteBook:
             Attempt.status,
             Attempt.cost_usd,
         )
-        .join(Job, Job.id == Step.job_id)
         .join(Attempt, Attempt.step_id == Step.id)
         .where(
-            Job.repo == repo,
-            Step.status.in_([StepStatus.COMPLETED, StepStatus.FAILED]),
+            Step.id.in_(newest.scalar_subquery()),
             Attempt.status.in_([AttemptStatus.PASSED, AttemptStatus.FAILED]),
         )
-        .order_by(Attempt.id.desc())
-        .limit(HISTORY)
+        .order_by(Step.id.desc(), Attempt.number)
     ).all()
     steps: dict[int, PastStep] = {}
     for step_id, step_type, description, verification, tier, status, cost in rows:
