@@ -156,20 +156,41 @@ def prepare(work: Path, jobs: list[BenchJob]) -> list[Path]:
 
 def config_for(work: Path, job: BenchJob, strategy: str) -> Any:
     """The MerlinConfig of ``job`` under ``strategy``."""
+    names, routing, fixes = STRATEGIES[strategy]
+    return tier_config(work / f"job-{job.index:03d}", names, routing, fixes)
+
+
+def tier_config(scripts: Path, names: list[str], routing: dict[str, Any], fixes: int) -> Any:
+    """Tiers ``names`` at ``PRICES``, each answering with ``scripts/<tier>.yaml``."""
     from merlin_flow.config import Limits, MerlinConfig, Routing, Tier
 
-    names, routing, fixes = STRATEGIES[strategy]
-    folder = work / f"job-{job.index:03d}"
     tiers = [
         Tier(
             name=name,
-            model=f"scripted/{folder / f'{name}.yaml'}",
+            model=f"scripted/{scripts / f'{name}.yaml'}",
             price_in=PRICES[name][0],
             price_out=PRICES[name][1],
         )
         for name in names
     ]
     return MerlinConfig(tiers=tiers, routing=Routing(**routing), limits=Limits(fix_attempts=fixes))
+
+
+def jobs_left(db: Any, ids: list[str]) -> int:
+    """How many of the jobs ``ids`` have not finished."""
+    from sqlalchemy import func, select
+
+    from merlin_flow.store import Job
+
+    with db.reader() as session:
+        return int(
+            session.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.id.in_(ids), Job.finished_at.is_(None))
+            )
+            or 0
+        )
 
 
 def run_strategy(
@@ -209,17 +230,11 @@ def run_strategy(
         enqueue_job(db, job_id)
         ids[job_id] = job
 
-    def finished() -> bool:
-        with db.reader() as session:
-            left = session.scalar(
-                select(func.count())
-                .select_from(Job)
-                .where(Job.id.in_(list(ids)), Job.finished_at.is_(None))
-            )
-        return not left
-
     what = f"{len(ids)} jobs ({strategy}) to finish"
-    wait_until(finished, what, [worker], [log], timeout=300 + 30 * len(ids), poll=0.5)
+    wait_until(
+        lambda: not jobs_left(db, list(ids)), what, [worker], [log],
+        timeout=300 + 30 * len(ids), poll=0.5,
+    )  # fmt: skip
     elapsed = time.monotonic() - started
     with db.reader() as session:
         statuses = dict(

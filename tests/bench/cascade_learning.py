@@ -40,7 +40,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.bench.cascade import DIFFICULTIES, PRICES, TIERS, BenchJob, app_source, script
+from tests.bench.cascade import (
+    DIFFICULTIES,
+    TIERS,
+    BenchJob,
+    app_source,
+    jobs_left,
+    script,
+    tier_config,
+)
 from tests.bench.cascade import workload as draws
 from tests.bench.processes import wait_until
 
@@ -177,19 +185,8 @@ def repositories(folder: Path, jobs: list[LearnJob]) -> list[Path]:
 
 def config_for(scripts: Path, job: LearnJob, strategy: str) -> Any:
     """The MerlinConfig of ``job`` under ``strategy``."""
-    from merlin_flow.config import Limits, MerlinConfig, Routing, Tier
-
     names, routing, _ = STRATEGIES[strategy]
-    tiers = [
-        Tier(
-            name=name,
-            model=f"scripted/{scripts / job.module / f'{name}.yaml'}",
-            price_in=PRICES[name][0],
-            price_out=PRICES[name][1],
-        )
-        for name in names
-    ]
-    return MerlinConfig(tiers=tiers, routing=Routing(**routing), limits=Limits(fix_attempts=1))
+    return tier_config(scripts / job.module, names, routing, 1)
 
 
 class Runner:
@@ -240,18 +237,9 @@ class Runner:
 
     def wait(self, ids: list[str], what: str) -> None:
         """Until every job of ``ids`` has finished."""
-        from sqlalchemy import func, select
-
-        from merlin_flow.store import Job
 
         def finished() -> bool:
-            with self.db.reader() as session:
-                left = session.scalar(
-                    select(func.count())
-                    .select_from(Job)
-                    .where(Job.id.in_(ids), Job.finished_at.is_(None))
-                )
-            return not left
+            return not jobs_left(self.db, ids)
 
         timeout = 300 + 30 * len(ids)
         wait_until(finished, what, [self.worker], [self.log], timeout=timeout, poll=0.5)
