@@ -15,6 +15,7 @@ from merlin_flow.cli.common import (
     RepoOption,
     check_report_paths,
     console,
+    err_console,
     guarded,
     state,
 )
@@ -50,7 +51,6 @@ def plan(
         from merlin_flow.errors import InputError
         from merlin_flow.jobs.reports import write_atomically
         from merlin_flow.jobs.requesting import plan_record, request_context
-        from merlin_flow.jobs.submission import learned_routes
         from merlin_flow.planning.planner import make_plan, plan_json
         from merlin_flow.planning.reading import to_tasklist
         from merlin_flow.settings import get_settings
@@ -65,6 +65,7 @@ def plan(
             base = repository.base_commit()
         with repository.files_at(base) as files:
             merlin_config = load_config(files, config, settings.home_dir, settings.system_config)
+        book = _route_book(repository.location, merlin_config)  # before any model is paid
         made = make_plan(
             request, merlin_config, request_context(repository, base, merlin_config, request)
         )
@@ -81,13 +82,32 @@ def plan(
             console.print_json(json.dumps(plan_json(made, dumped)))
             return
         record = plan_record(made, tasklist.model_dump(mode="json") if tasklist else {"steps": []})
-        book = learned_routes(state()[1], repository.location, merlin_config)
         console.print(plan_table(record, merlin_config, tasklist, book))
         if out is not None:
             again = submit_command(out, repo, config)
             console.print(f"written to {escape(str(out))}: edit it, then `{escape(again)}`")
 
     guarded(work)
+
+
+def _route_book(location: str, config: MerlinConfig) -> RouteBook | None:
+    """The journal's routes for ``location``; None, with a warning, when it cannot be read.
+
+    A plan needs no store: one that is not migrated or not reachable leaves the steps to
+    the rules.
+    """
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from merlin_flow.errors import StoreError
+    from merlin_flow.jobs.submission import learned_routes
+
+    try:
+        return learned_routes(state()[1], location, config)
+    except (StoreError, SQLAlchemyError) as exc:
+        first = str(exc).splitlines()[0]
+        err_console.print(f"[yellow]the journal could not be read ({escape(first)}): "
+                          "steps are shown on the rules' tiers[/]")  # fmt: skip
+        return None
 
 
 def submit_command(tasklist: Path, repo: str, config: Path | None) -> str:

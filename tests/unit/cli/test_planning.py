@@ -93,3 +93,23 @@ def test_plan_out_suggests_submitting_with_the_same_repo_and_config(
     here = CliRunner().invoke(app, args)
     assert here.exit_code == 0, here.output
     assert f"`merlin submit {out} --config {config}`" in " ".join(here.stdout.split())
+
+
+def test_plan_says_where_steps_start_and_plans_even_without_a_readable_journal(
+    planner: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo, config = planner
+    args = ["plan", REQUEST, "--config", str(config), "--repo", str(repo)]
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "starts on:" in result.stdout
+    assert ": local: by the rules (0 similar steps in the journal, 3 needed to learn)" in (
+        result.stdout
+    )
+    # A database merlin cannot read (no schema: a server not migrated) leaves the rules.
+    monkeypatch.setenv("MERLIN_DATABASE_URL", "postgresql+psycopg://127.0.0.1:1/none")
+    unreadable = CliRunner().invoke(app, args, terminal_width=200)
+    assert unreadable.exit_code == 0, unreadable.output
+    assert "the journal could not be read" in unreadable.stderr
+    assert "starts on:" not in unreadable.stdout
+    assert "plan:" in unreadable.stdout
