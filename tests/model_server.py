@@ -18,6 +18,7 @@ With an empty queue it answers a plain "done" message.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import threading
@@ -119,6 +120,7 @@ class ModelServer:
         assert self._server is not None
         self._server.shutdown()
         self._server.server_close()
+        _close_left_event_loop()
 
     def answer(self, request: Request) -> tuple[int, dict[str, Any]]:
         """The status and JSON body for ``request``."""
@@ -184,3 +186,16 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def _close_left_event_loop() -> None:
+    """Close the event loop litellm's HTTP path leaves set (unclosed) on the calling thread.
+
+    Left open, it is collected whenever a later test in the process (``anyio.run``) sets
+    a loop of its own, and its self-pipe sockets fail that test with a ResourceWarning.
+    """
+    policy = asyncio.get_event_loop_policy()
+    loop = getattr(getattr(policy, "_local", None), "_loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and not loop.is_running():
+        loop.close()
+        policy.set_event_loop(None)
