@@ -18,6 +18,13 @@ command's exit status on: its exit code, or the signal that killed it.
 
 This file imports a few standard modules only (no ``subprocess``, no ``pathlib``): it
 runs as a script with ``-I -S``, so that starting it costs about 20 ms.
+
+``--serve FD`` runs the same guard once per worker process instead of once per command
+(``merlin_flow.workspace.guard_server``): it receives each command's own socket and output
+file over the socket ``FD``, starts the command in a session of its own, tells its pid and
+then its exit status. When a command's socket closes before the command ends (its worker
+died), or when ``FD`` closes (the worker is gone), it kills the command and everything
+carrying its mark, as the per-command guard does.
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ import os
 import signal
 import sys
 from types import FrameType
+
+TYPE_CHECKING = False  # not typing's: the guard imports as little as it can
+if TYPE_CHECKING:
+    import subprocess
+    from typing import Any
 
 MARK_VARIABLE = "MERLIN_COMMAND_MARK"
 """The variable whose value marks one command's processes, to kill them afterwards."""
@@ -115,5 +127,89 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     _kill_everything()
 
 
+def serve(control_fd: int) -> int:
+    """Start the commands asked for on the socket ``control_fd``, until it closes."""
+    import json
+    import select
+    import socket
+    import threading
+
+    control = socket.socket(fileno=control_fd)
+    running: dict[int, str] = {}  # pid -> mark of every command still running
+
+    def end_all(*_: object) -> None:
+        for pid, mark in list(running.items()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            kill_marked(mark)
+        os._exit(137)
+
+    def say(conn: socket.socket, answer: dict[str, object]) -> None:
+        with contextlib.suppress(OSError):  # the worker's end is gone: nobody to tell
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+
+    def run_one(conn: socket.socket, output: int) -> None:
+        with conn:
+            with conn.makefile("rb") as lines:  # the worker writes one line, then waits
+                request = json.loads(lines.readline() or b"{}")
+            process = _start(request, output) if request else "no request"
+            os.close(output)
+            if isinstance(process, str):  # it could not start: the reason
+                say(conn, {"error": process})
+                return
+            pid = process.pid
+            running[pid] = request["env"].get(MARK_VARIABLE, "")
+            say(conn, {"pid": pid})
+            ended = os.pidfd_open(pid)
+            try:
+                ready, _, _ = select.select([conn.fileno(), ended], [], [])
+                if ended not in ready:  # the worker's end closed first: it died
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    kill_marked(running[pid])
+                code = process.wait()
+            finally:
+                os.close(ended)
+                del running[pid]
+            say(conn, {"code": code})
+
+    signal.signal(signal.SIGTERM, end_all)
+    worker = os.getppid()
+    while True:
+        ready, _, _ = select.select([control], [], [], 1.0)
+        if not ready:
+            if os.getppid() != worker:  # reparented: the worker is gone
+                end_all()
+            continue
+        fds: list[int] = []
+        with contextlib.suppress(OSError):
+            _, fds, _, _ = socket.recv_fds(control, 1, 2)
+        if len(fds) != 2:  # the control socket closed (or a malformed message)
+            end_all()
+        conn = socket.socket(fileno=fds[0])
+        threading.Thread(target=run_one, args=(conn, fds[1]), daemon=True).start()
+
+
+def _start(request: dict[str, Any], output: int) -> subprocess.Popen[bytes] | str:
+    """Start the request's command in a session of its own: the process, or why not."""
+    import subprocess
+
+    argv = request["argv"]
+    try:
+        return subprocess.Popen(
+            argv,
+            cwd=request["cwd"],
+            env=request["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return f"cannot run {argv[0]!r}: {exc}"
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        sys.exit(serve(int(sys.argv[2])))
     sys.exit(main(sys.argv[1:]))

@@ -33,8 +33,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
+from merlin_flow.workspace import guard_server
 from merlin_flow.workspace.command_guard import MARK_VARIABLE, NOT_STARTED_EXIT_CODE, kill_marked
 
 OUTPUT_TAIL_CHARS = 4000
@@ -43,7 +44,7 @@ STOPPED_EXIT_CODE = 143
 """The exit code of a command stopped because its job ended (128 + SIGTERM, as a shell says)."""
 STOP_POLL_SECONDS = 0.5
 """How often a running command asks whether it should stop (its job cancelled)."""
-GUARD = Path(__file__).with_name("command_guard.py")
+GUARD = guard_server.GUARD
 
 
 @dataclass(frozen=True)
@@ -82,30 +83,22 @@ def run_command(
     started = time.monotonic()
     mark = uuid.uuid4().hex
     marked = {**(os.environ if env is None else env), MARK_VARIABLE: mark}
-    guarded = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), "--"]
+    command = (limits or ResourceLimits()).wrap(list(argv))
     with tempfile.TemporaryFile() as output:
         try:
-            process = subprocess.Popen(
-                guarded + (limits or ResourceLimits()).wrap(list(argv)),
-                cwd=cwd,
-                env=marked,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            process = _start(command, cwd, marked, output)
         except OSError as exc:
             return CommandResult(
                 NOT_STARTED_EXIT_CODE, f"cannot run {argv[0]!r}: {exc}", False, 0.0
             )
+        if isinstance(process, str):
+            return CommandResult(NOT_STARTED_EXIT_CODE, process, False, 0.0)
         try:
             exit_code, stopped = _wait(process, started + timeout, stop)
-            if exit_code is None:
-                _kill_group(process.pid)
-                process.wait()
         finally:
             _kill_group(process.pid)
             kill_marked(mark)
+            process.close()
         text = _tail(output, tail_chars)
     duration = time.monotonic() - started
     if exit_code is not None:
@@ -117,19 +110,69 @@ def run_command(
     return CommandResult(TIMEOUT_EXIT_CODE, text[-tail_chars:], True, duration)
 
 
+class _Guarded(Protocol):
+    """A started command, behind the worker's guard server or a guard of its own."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def wait(self, timeout: float | None) -> int | None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _OwnGuard:
+    """A command behind a guard process of its own (where the guard server cannot run)."""
+
+    process: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait(self, timeout: float | None) -> int | None:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        self.process.wait()  # its group was killed: this reaps the guard
+
+
+def _start(command: list[str], cwd: Path, env: dict[str, str], output: IO[bytes]) -> _Guarded | str:
+    """Start ``command`` behind the worker's guard server (or a guard of its own); or why not."""
+    keeper = guard_server.server()
+    if keeper is not None:
+        with contextlib.suppress(OSError):  # the server is gone: a guard of its own
+            return keeper.start(command, cwd, env, output.fileno())
+    guarded = [sys.executable, "-I", "-S", str(GUARD), str(os.getpid()), "--"]
+    process = subprocess.Popen(
+        guarded + command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return _OwnGuard(process)
+
+
 def _wait(
-    process: subprocess.Popen[bytes], deadline: float, stop: Callable[[], bool] | None
+    process: _Guarded, deadline: float, stop: Callable[[], bool] | None
 ) -> tuple[int | None, bool]:
     """The command's exit code, or (None, stopped) when the deadline or ``stop`` came first."""
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return None, False
-        try:
-            return process.wait(timeout=min(left, STOP_POLL_SECONDS) if stop else left), False
-        except subprocess.TimeoutExpired:
-            if stop is not None and stop():
-                return None, True
+        code = process.wait(min(left, STOP_POLL_SECONDS) if stop else left)
+        if code is not None:
+            return code, False
+        if stop is not None and stop():
+            return None, True
 
 
 @dataclass(frozen=True)

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from merlin_flow.workspace import guard_server
 from merlin_flow.workspace.process import (
     STOPPED_EXIT_CODE,
     TIMEOUT_EXIT_CODE,
@@ -47,16 +46,6 @@ def read_pid(path: Path) -> int:
         assert time.monotonic() < deadline, f"{path} was never written"
         time.sleep(0.02)
     return int(path.read_text())
-
-
-@pytest.fixture
-def cleanup_pids() -> Iterator[list[int]]:
-    """Pids to SIGKILL after the test, so a failing test leaves no sleeper behind."""
-    pids: list[int] = []
-    yield pids
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def test_exit_code_and_output(tmp_path: Path) -> None:
@@ -177,12 +166,23 @@ def test_background_child_is_killed_after_a_successful_command(
     assert process_gone(child), f"background child {child} outlived its command"
 
 
-def test_command_runs_in_its_own_session_led_by_its_guard(tmp_path: Path) -> None:
-    probe = "import os; print(os.getsid(0), os.getpgid(0), os.getppid())"
+SESSION_PROBE = "import os; print(os.getpid(), os.getsid(0), os.getpgid(0), os.getppid())"
+
+
+def test_without_the_server_a_command_runs_behind_a_guard_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(guard_server, "_unusable", True)
+    probe = SESSION_PROBE + "; print(open(f'/proc/{os.getppid()}/cmdline').read())"
     result = run_command([sys.executable, "-c", probe], tmp_path, 10)
-    session, group, parent = map(int, result.output_tail.split())
+    ids, parent_command = result.output_tail.split("\n", 1)
+    _, session, group, parent = map(int, ids.split())
     assert session == group == parent  # the guard leads the command's session and group
-    assert session != os.getsid(0)
+    assert "command_guard.py" in parent_command
+    assert "--serve" not in parent_command
+    missing = run_command(["no-such-program-xyz"], tmp_path, 10)
+    assert missing.exit_code == 127
+    assert "no-such-program-xyz" in missing.output_tail
 
 
 def test_tool_environment(monkeypatch: pytest.MonkeyPatch) -> None:
