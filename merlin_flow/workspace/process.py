@@ -16,6 +16,8 @@ stops it. File-size and memory limits are applied with util-linux's ``prlimit``.
 Every command runs behind its guard (``merlin_flow.workspace.command_guard``): if the worker
 process dies while the command runs (SIGKILL, the OOM killer), the guard kills the
 command and everything carrying its mark, so a resumed attempt never runs beside it.
+The guard is kept once per worker process (``merlin_flow.workspace.guard_server``); where
+it cannot be, each command starts a guard of its own.
 """
 
 from __future__ import annotations
