@@ -249,9 +249,10 @@ def _work_in_worktree(
             if hits:  # nothing the attempt wrote is committed: it fails
                 error = _refuse_secrets(held, plan.number, hits, error)
             message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
-            commit = commit_all(  # keep_secrets_out staged every change (or discarded them)
-                worktree, f"{message}\n\nJob {held.job_id}, attempt {plan.number}.", excludes, True
-            )
+            # keep_secrets_out staged every change (or discarded them). The commit's parent
+            # is the attempt's start, which lets verify skip an ancestry check.
+            text = f"{message}\n\nJob {held.job_id}, attempt {plan.number}."
+            commit = commit_all(worktree, text, excludes, True, parent=plan.start_commit)
             summary = marked_at(summary, repository.path, commit)  # citations checked
             edits = brief.step_type != StepType.VERIFY.value and writes  # a reviewer writes none
             if error is None and edits and same_tree(worktree, commit, plan.start_commit):

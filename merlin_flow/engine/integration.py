@@ -64,13 +64,16 @@ def integrate(
     commands: list[str],
     message: str,
     run: Callable[[str, list[str]], tuple[str, CommandResult]],
+    parent: str | None = None,
 ) -> Integration:
     """``commit`` made ready for a branch at ``onto``: as it is, or merged and re-verified.
 
     ``run(commit, commands)`` runs exit commands on a commit, in one worktree, until one
-    fails; it returns the last one run and its result.
+    fails; it returns the last one run and its result. ``parent``: a commit ``commit`` is
+    known to descend from (the attempt's start: its commit is made with that parent), so
+    no git process asks when the branch is still there, as it is for a chain's steps.
     """
-    if is_ancestor(repo, onto, commit):
+    if onto in (commit, parent) or is_ancestor(repo, onto, commit):
         return Integration(onto, commit)
     merged, conflicts = merge_commit_onto(repo, onto, commit, message)
     if merged is None:

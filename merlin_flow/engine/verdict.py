@@ -200,6 +200,7 @@ def _integrate_and_pass(
             step = session.get_one(Step, held.step_id)
             attempt = session.get_one(Attempt, verdict.attempt_id)
             onto, commit = job.head_commit, attempt.commit or attempt.start_commit
+            start = attempt.start_commit
             base = step.base_commit or attempt.start_commit
             commands = commands_to_reverify(job.steps, step)
             message = (
@@ -215,7 +216,7 @@ def _integrate_and_pass(
                 return commands[0], CommandResult(1, str(exc), timed_out=False, duration=0.0)
 
         repository.have(held.job_id, onto, commit)
-        integration = integrate(repository.path, onto, commit, commands, message, run)
+        integration = integrate(repository.path, onto, commit, commands, message, run, start)
         if heartbeat.lost:
             raise LeaseLost(f"step {held.step_key}: lease lost during integration")
         if integration.commit is None:

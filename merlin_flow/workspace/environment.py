@@ -36,6 +36,7 @@ from pathlib import Path
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
+from merlin_flow.workspace.commit_trees import object_ids, root_entries
 from merlin_flow.workspace.default_setup import (
     default_setup,
     interpreter,
@@ -340,8 +341,7 @@ def idle_build(settings: Settings, checkout: Path) -> Iterator[bool]:
 
 
 def _root_names(git_dir: Path, commit: str) -> set[str]:
-    out = git("ls-tree", "--name-only", commit, cwd=git_dir)
-    return set(out.splitlines())
+    return set(root_entries(git_dir, commit))
 
 
 def _key_files(
@@ -354,14 +354,4 @@ def _key_files(
             paths.update(n for n in names if fnmatch.fnmatchcase(n, pattern))
         else:
             paths.add(pattern)
-    # One `ls-tree` for all of them (a process per path cost ~20 ms a step); each
-    # entry is `<mode> <type> <object>\t<path>`, and a path not in the commit is absent.
-    listed = run_git(
-        ["--literal-pathspecs", "ls-tree", "-z", "-t", commit, "--", *sorted(paths)], git_dir
-    )
-    found: dict[str, str] = {}
-    for entry in listed.stdout.split("\0") if listed.returncode == 0 else []:
-        meta, _, path = entry.partition("\t")
-        if path:
-            found[path] = meta.split()[2]
-    return {path: found.get(path) for path in sorted(paths)}
+    return object_ids(git_dir, commit, sorted(paths))

@@ -182,14 +182,25 @@ def remove_worktree(repo: Path, path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def commit_all(worktree: Path, message: str, excludes_file: Path, staged: bool = False) -> str:
+def commit_all(
+    worktree: Path,
+    message: str,
+    excludes_file: Path,
+    staged: bool = False,
+    parent: str | None = None,
+) -> str:
     """Commit everything in ``worktree`` (an empty commit if nothing changed).
 
     ``staged``: the caller just staged every change with the same excludes (the secret
-    scan does), so ``git add`` is not run again.
+    scan does), so ``git add`` is not run again. ``parent``: the commit's one parent,
+    whatever the worktree's HEAD is now (a command in an unconfined step could have
+    moved it); the worktree's HEAD stays where it is. Without it the commit goes on HEAD.
     """
     if not staged:
         git("-c", f"core.excludesFile={excludes_file}", "add", "-A", cwd=worktree)
+    if parent is not None:
+        tree = git("write-tree", cwd=worktree)
+        return git("commit-tree", tree, "-p", parent, "-m", message, cwd=worktree)
     git("commit", "--allow-empty", "--no-verify", "-q", "-m", message, cwd=worktree)
     return git("rev-parse", "HEAD", cwd=worktree)
 

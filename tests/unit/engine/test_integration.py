@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from merlin_flow.engine.attempt import execute_step
@@ -131,3 +132,32 @@ def test_a_clean_merge_that_breaks_a_siblings_check_is_retried(
     assert finalize_job(db, settings, job_id) == "completed"
     final = git(repo, "rev-parse", f"merlin/{job_id}")
     assert "breaks-b" not in git(repo, "ls-tree", "--name-only", final)
+
+
+def test_a_commit_on_the_branch_head_it_started_from_needs_no_ancestry_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from merlin_flow.engine import integration
+    from tests.conftest import make_repo
+
+    repo = make_repo(tmp_path / "repo", {"a.py": "a = 1\n"})
+    start = git(repo, "rev-parse", "HEAD")
+    (repo / "a.py").write_text("a = 2\n")
+    git(repo, "commit", "-qam", "the step's change")
+    commit = git(repo, "rev-parse", "HEAD")
+
+    def never(*args: object) -> tuple[str, object]:
+        raise AssertionError("nothing is run again on a commit that goes on as it is")
+
+    asked: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        integration,
+        "is_ancestor",
+        lambda repo, older, newer: asked.append((older, newer)) or True,
+    )
+    done = integration.integrate(repo, start, commit, ["true"], "m", never, parent=start)
+    assert (done.onto, done.commit, done.merged) == (start, commit, False)
+    assert asked == []
+    # Without the parent, git is asked.
+    assert integration.integrate(repo, start, commit, ["true"], "m", never).commit == commit
+    assert asked == [(start, commit)]

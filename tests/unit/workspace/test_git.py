@@ -288,6 +288,26 @@ def test_commit_all_with_no_change_makes_an_empty_commit(py_repo: Path, tmp_path
     remove_worktree(py_repo, worktree)
 
 
+def test_a_commit_given_its_parent_has_that_parent_wherever_head_went(
+    py_repo: Path, tmp_path: Path
+) -> None:
+    start = head_commit(py_repo)
+    worktree = add_worktree(py_repo, tmp_path / "wt", start)
+    (worktree / "new.py").write_text("x = 1\n")
+    git(worktree, "add", "new.py")
+    git(worktree, "commit", "-qm", "a commit made inside the worktree")  # HEAD moved
+    moved = git(worktree, "rev-parse", "HEAD")
+    (worktree / "more.py").write_text("y = 2\n")
+    commit = commit_all(
+        worktree, "step a\n\nJob j.", write_excludes_file(tmp_path / "ex"), parent=start
+    )
+    assert git(py_repo, "rev-parse", f"{commit}^@") == start  # one parent: the start
+    assert git(worktree, "rev-parse", "HEAD") == moved  # HEAD stays
+    assert sorted(changed_files(py_repo, start, commit)) == ["more.py", "new.py"]
+    assert git(py_repo, "log", "-1", "--format=%B", commit) == "step a\n\nJob j."
+    remove_worktree(py_repo, worktree)
+
+
 def test_hooks_of_the_user_repository_do_not_run(py_repo: Path, tmp_path: Path) -> None:
     marker = tmp_path / "hook-ran"
     hooks = py_repo / ".git" / "hooks"
