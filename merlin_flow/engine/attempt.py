@@ -130,9 +130,7 @@ def execute_step(
             return Outcome.STOP
         if step.phase != Phase.ATTEMPT or step.status in FINISHED_STEP_STATUSES:
             return Outcome.STOP
-        held = HeldStep(
-            db, settings, job_id, step_key, step.id, token, MerlinConfig.model_validate(job.config)
-        )
+        held = HeldStep.of(db, settings, job, step, token)
     return held.work(Phase.ATTEMPT, lambda heartbeat: _run_attempt(held, heartbeat))
 
 

@@ -46,6 +46,14 @@ class HeldStep:
     step_id: int
     token: str
     config: MerlinConfig
+    base_commit: str
+    """The job's base: the commit whose dependency files the user wrote."""
+
+    @classmethod
+    def of(cls, db: Database, settings: Settings, job: Job, step: Step, token: str) -> HeldStep:
+        """The step ``step`` of ``job``, to be held with ``token``."""
+        config = MerlinConfig.model_validate(job.config)
+        return cls(db, settings, job.id, step.key, step.id, token, config, job.base_commit)
 
     def worktree(self, name: str) -> Path:
         """A worktree folder of this job, apart from any other worker's.
@@ -89,8 +97,6 @@ class HeldStep:
         An environment built for it is recorded in the job's history; one built for
         dependency files a step changed (not the job's base commit's) has no network.
         """
-        with self.db.reader() as session:
-            base = session.get_one(Job, self.job_id).base_commit
         with open_checkout(
             self.settings,
             self.config,
@@ -99,7 +105,7 @@ class HeldStep:
             self.worktree(name),
             self._environment_built,
             self.job_ended,
-            trusted=base,
+            trusted=self.base_commit,
         ) as checkout:
             yield checkout
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 
 from sqlalchemy.orm import Session
 
-from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.budget import escalation_over_budget
 from merlin_flow.engine.dispatch import Dispatch, Outcome, start_runnable
 from merlin_flow.engine.feedback import failure_of, step_failure, verify_failure
@@ -113,9 +112,7 @@ def verify_step(
             return Outcome.STOP, Dispatch()
         if step.phase != Phase.VERIFY:
             return Outcome.STOP, Dispatch()
-        held = HeldStep(
-            db, settings, job_id, step_key, step.id, token, MerlinConfig.model_validate(job.config)
-        )
+        held = HeldStep.of(db, settings, job, step, token)
         location, branch = job.repo, job.branch
     repository = repository_of(location, settings)
     decided: list[Dispatch] = []

@@ -133,6 +133,17 @@ class GuardServer:
             return str(started["error"])
         return GuardedCommand(int(started["pid"]), answers)
 
+    def gone(self) -> bool:
+        """True once the server has exited or is exiting.
+
+        A dying server's end of the control socket closes (it never writes there) before
+        its exit status can be read.
+        """
+        if self.process.poll() is not None:
+            return True
+        readable, _, _ = select.select([self.control], [], [], 0)
+        return bool(readable)
+
     def stop(self) -> None:
         """Close the control socket: the server kills what still runs and exits."""
         self.control.close()
@@ -157,7 +168,7 @@ def server() -> GuardServer | None:
     with _starting:
         if _server is not None and _server.owner != os.getpid():
             forget()  # forked without the fork hook (it runs for os.fork)
-        if _server is not None and _server.process.poll() is not None:
+        if _server is not None and _server.gone():
             _server.stop()  # it died (killed on its own): a new one
             _server = None
         if _server is None:

@@ -142,6 +142,8 @@ def scan_staged(
         for name in names.split(b"\0")
         for what in _values_in(name, own)
     ]
+    if not names.strip(b"\0"):  # nothing added, changed or renamed: no line was added
+        return hits
     patch = _git(worktree, "diff", "--cached", "-U0", "--text", *_PLAIN, "--submodule=short")
     globs = [path_glob(pattern) for pattern in allow]
     allowed: dict[str, bool] = {}

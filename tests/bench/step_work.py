@@ -7,7 +7,8 @@ database of its own, dropped after, or SQLite). The steps are those of
 ``tests.bench.overhead``: the scripted model answers at once and the exit command is
 ``true``, so what is timed is merlin's own work. The first step warms up (imports, the
 command guard) and is not counted. It prints the time per step, every process the step
-started (git, by subcommand) and every transaction, by the merlin function that began it.
+started (git, by subcommand) and every transaction, by the merlin function that began it,
+and then what every step pays by design, apart from merlin's own logic (``floor``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import collections
 import contextlib
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -70,8 +72,11 @@ def database_url(backend: str, work: Path) -> Iterator[str | None]:
         yield url
 
 
-def measure(steps: int, backend: str, work: Path) -> dict[str, Any]:
-    """Run the job; the figures per counted step."""
+def measure(steps: int, backend: str, work: Path, warm: bool = True) -> dict[str, Any]:
+    """Run the job; the figures per counted step.
+
+    ``warm``: load what a worker loads before it forks (``models.llm.preload``) first.
+    """
     from sqlalchemy import event
 
     from merlin_flow.config import MerlinConfig, Tier
@@ -84,7 +89,8 @@ def measure(steps: int, backend: str, work: Path) -> dict[str, Any]:
     from tests.bench.overhead import INSTANT, tasklist
     from tests.conftest import make_repo
 
-    preload()
+    if warm:
+        preload()
     with database_url(backend, work) as url:
         settings = Settings(home=work / "home", database_url=url)
         if url:
@@ -122,12 +128,54 @@ def measure(steps: int, backend: str, work: Path) -> dict[str, Any]:
     }
 
 
+def floor(work: Path, runs: int = 10) -> dict[str, float]:
+    """Medians, in ms, of what every step pays by design, apart from merlin's own logic.
+
+    A worktree made and removed (a step makes two: the attempt's, verify's), the exit
+    command ``true`` in the sandbox through the worker's command guard, and one call of
+    the scripted model through litellm.
+    """
+    from merlin_flow.config import Tier
+    from merlin_flow.models.llm import complete
+    from merlin_flow.tool_config import Sandbox
+    from merlin_flow.workspace.git import add_worktree, head_commit, remove_worktree
+    from merlin_flow.workspace.sandbox import Confinement, python_mounts, run_confined
+
+    repo = work / "repo"
+    commit = head_commit(repo)
+    tier = Tier(name="local", model=f"scripted/{work / 'instant.yaml'}")
+    box = Confinement(worktree=repo, read_only=python_mounts(None), path=("/usr/bin",))
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for n in range(runs):
+        started = time.perf_counter()
+        remove_worktree(repo, add_worktree(repo, work / f"floor-{n}", commit))
+        times["worktree"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        assert run_confined(["true"], box, Sandbox(), 60).ok
+        times["sandboxed true"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        complete(tier, [{"role": "user", "content": "go"}], [])
+        times["model call"].append(time.perf_counter() - started)
+    return {name: statistics.median(values) * 1000 for name, values in times.items()}
+
+
 def print_tables(figures: dict[str, Any], steps: int, backend: str) -> None:
     """The figures as Markdown tables."""
     total = figures["execute_ms"] + figures["verify_ms"]
     print(f"\n{backend}, {steps} steps after one to warm up; per step:\n")
     print("| execute_step | verify_step | both |\n|---|---|---|")
     print(f"| {figures['execute_ms']:.1f} ms | {figures['verify_ms']:.1f} ms | {total:.1f} ms |")
+    floors = figures["floor"]
+    least = 2 * floors["worktree"] + floors["sandboxed true"] + floors["model call"]
+    print("\nWhat every step pays by design (median of 10 each):\n")
+    print(
+        "| two worktrees made and removed | `true` in the sandbox | one scripted model call |"
+        " sum |\n|---|---|---|---|"
+    )
+    print(
+        f"| {2 * floors['worktree']:.1f} ms | {floors['sandboxed true']:.1f} ms "
+        f"| {floors['model call']:.1f} ms | {least:.1f} ms |"
+    )
     processes = figures["processes"]
     print(f"\n{sum(processes.values()):g} processes per step:\n")
     print("| process | per step |\n|---|---|")
@@ -154,6 +202,7 @@ def main() -> None:
     os.environ["MERLIN_HOME"] = str(work / "home")
     try:
         figures = measure(args.steps, args.backend, work)
+        figures["floor"] = floor(work)  # on the job's repository and scripted model
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_tables(figures, args.steps, args.backend)

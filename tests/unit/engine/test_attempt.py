@@ -20,6 +20,7 @@ from merlin_flow.jobs.views import job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Step
 from merlin_flow.tasklist import parse_tasklist
+from merlin_flow.workspace.git import head_commit
 from tests.unit.scripted_jobs import ONE_STEP, priced_tier, rate_limited_then_premium
 
 
@@ -77,7 +78,7 @@ def test_a_resumed_attempt_replays_paid_calls_instead_of_paying_again(
     # Run 1: the worker claims the step, pays for turn 0, and dies.
     assert claim(db, step_id, "attempt", "dead", 30)
     plan, _repo, brief = _begin_attempt(
-        HeldStep(db, settings, job_id, "s0", step_id, "dead", config)
+        HeldStep(db, settings, job_id, "s0", step_id, "dead", config, head_commit(py_repo))
     )
     schemas = [*TOOL_SCHEMAS, READ_OUTPUT_SCHEMA, TODO_SCHEMA, REPO_MAP_SCHEMA]  # context's last
     first = complete(tier, first_messages(brief, None), schemas)
@@ -224,7 +225,8 @@ def test_a_refused_reply_is_journaled_as_an_error_with_what_it_cost(
     with db.reader() as session:
         step_id = session.scalars(select(Step.id).where(Step.job_id == job_id)).one()
     assert claim(db, step_id, "attempt", "me", 30)
-    plan, _repo, brief = _begin_attempt(HeldStep(db, settings, job_id, "s0", step_id, "me", config))
+    held = HeldStep(db, settings, job_id, "s0", step_id, "me", config, head_commit(py_repo))
+    plan, _repo, brief = _begin_attempt(held)
     paid = complete(tier, first_messages(brief, None), TOOL_SCHEMAS)
     refusal = ModelRefused("I cannot help with that", paid)
 
@@ -398,3 +400,25 @@ def test_a_summarys_citations_are_checked_at_the_attempts_commit(
     assert summary == (
         "kept app.py:2 and NOTES.md:3 [citation invalid: line 3 is past the end (1 line)]"
     )
+
+
+# What a step costs merlin, pinned (`python -m tests.bench.step_work` prints it). Lower
+# figures are welcome: then lower the bounds here too.
+GIT_PROCESSES = 16
+"""Per step of a Verify step that changes nothing: 4 `git worktree`, 3 `git ls-tree`..."""
+TRANSACTIONS = 14
+"""Per step: the claims, the attempt and its journal row, the verdict..."""
+
+
+def test_a_step_starts_no_more_processes_nor_transactions_than_counted(
+    tmp_path: Path, merlin_home: Path
+) -> None:
+    from tests.bench.step_work import measure
+
+    figures = measure(2, "sqlite", tmp_path, warm=False)
+    processes = figures["processes"]
+    # The exit command goes to the worker process's command guard: no process of its own.
+    assert all(name.startswith("git ") for name in processes), processes
+    assert sum(processes.values()) <= GIT_PROCESSES, processes
+    assert sum(figures["transactions"].values()) <= TRANSACTIONS, figures["transactions"]
+    assert figures["processes"]["git worktree"] == 4  # an attempt's, and verify's

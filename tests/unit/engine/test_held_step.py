@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from merlin_flow.config import MerlinConfig
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.held_step import HeldStep, job_has_ended, load_step
 from merlin_flow.engine.leases import Heartbeat, claim, new_token, token_tag
@@ -25,8 +25,7 @@ def _held(db: Database, settings: Settings, job_id: str, token: str) -> HeldStep
         job, step = load_step(session, job_id, "s0")
         assert job is not None
         assert step is not None
-        config = MerlinConfig.model_validate(job.config)
-        return HeldStep(db, settings, job_id, "s0", step.id, token, config)
+        return HeldStep.of(db, settings, job, step, token)
 
 
 @pytest.fixture
@@ -87,7 +86,7 @@ def test_each_execution_has_its_own_worktree_and_a_built_environment_is_recorded
     token = new_token()
     held = _held(db, settings, job_id, token)
     config = held.config.model_copy(update={"environment": Environment(setup=["true"])})
-    held = HeldStep(db, settings, job_id, "s0", held.step_id, token, config)
+    held = replace(held, config=config)
     assert held.worktree("s0-1").name == f"s0-1-{token_tag(token)}"
     assert held.worktree("s0-1") != _held(db, settings, job_id, new_token()).worktree("s0-1")
     assert claim(db, held.step_id, Phase.ATTEMPT, token, 60)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -99,3 +100,20 @@ def test_commands_of_several_threads_run_at_once_each_with_its_own_output(
         thread.join()
     assert results == {n: f"{n} {n}" for n in range(4)}
     assert time.monotonic() - started < 1.9  # not one after another (4 x 0.5 s)
+
+
+def test_a_server_whose_control_socket_closed_is_gone_before_its_exit_shows() -> None:
+    """It closed its files on the way out: replaced at once, not handed another command."""
+    alive = subprocess.Popen(["sleep", "30"])
+    try:
+        mine, theirs = socket.socketpair()
+        dying = guard_server.GuardServer.__new__(guard_server.GuardServer)
+        dying.process, dying.control = alive, mine
+        assert not dying.gone()
+        theirs.close()  # what the kernel does first when the server is killed
+        assert dying.gone()
+        assert alive.poll() is None
+        mine.close()
+    finally:
+        alive.kill()
+        alive.wait()

@@ -97,6 +97,26 @@ def test_only_added_lines_count_not_removed_kept_or_moved_ones(tmp_path: Path) -
     assert _scan(repo) == ["keep.py:3: an AWS Access Key"]
 
 
+def test_a_change_that_adds_no_file_is_not_diffed_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from merlin_flow.workspace import secret_scan
+
+    repo = _repo(tmp_path, {"app.py": "a = 1\n", "old.py": f'A = "{AWS}"\n'})
+    asked: list[tuple[str, ...]] = []
+    real = secret_scan._git
+    monkeypatch.setattr(
+        secret_scan, "_git", lambda wt, *args: asked.append(args) or real(wt, *args)
+    )
+    assert _scan(repo) == []  # nothing staged
+    (repo / "old.py").unlink()
+    assert _scan(repo) == []  # a deletion only
+    assert [args[:3] for args in asked] == [("diff", "--cached", "--name-only")] * 2
+    (repo / "app.py").write_text(f'a = 1\nB = "{AWS}"\n')
+    assert _scan(repo) == ["app.py:2: an AWS Access Key"]
+    assert [args[2] for args in asked[2:]] == ["--name-only", "-U0"]
+
+
 def test_the_allowlist_skips_key_formats_but_never_the_workers_secrets(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     fixtures = repo / "tests" / "fixtures"
