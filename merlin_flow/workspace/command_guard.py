@@ -139,9 +139,7 @@ def serve(control_fd: int) -> int:
 
     def end_all(*_: object) -> None:
         for pid, mark in list(running.items()):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, signal.SIGKILL)
-            kill_marked(mark)
+            _kill_command(pid, mark)
         os._exit(137)
 
     def say(conn: socket.socket, answer: dict[str, object]) -> None:
@@ -164,9 +162,7 @@ def serve(control_fd: int) -> int:
             try:
                 ready, _, _ = select.select([conn.fileno(), ended], [], [])
                 if ended not in ready:  # the worker's end closed first: it died
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(pid, signal.SIGKILL)
-                    kill_marked(running[pid])
+                    _kill_command(pid, running[pid])
                 code = process.wait()
             finally:
                 os.close(ended)
@@ -188,6 +184,13 @@ def serve(control_fd: int) -> int:
             end_all()
         conn = socket.socket(fileno=fds[0])
         threading.Thread(target=run_one, args=(conn, fds[1]), daemon=True).start()
+
+
+def _kill_command(pid: int, mark: str) -> None:
+    """Kill the command ``pid`` leads: its process group, and every process marked ``mark``."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    kill_marked(mark)
 
 
 def _start(request: dict[str, Any], output: int) -> subprocess.Popen[bytes] | str:
