@@ -243,10 +243,11 @@ def _work_in_worktree(
                 if isinstance(exc, ModelUnreachable):
                     failure = FailureKind.ACCESS
             _settle_permissions(held, worktree, plan.agent)
-            hits = keep_secrets_out(worktree, excludes, config.secrets.allow)
+            allow = config.secrets.allow
+            hits = keep_secrets_out(worktree, excludes, allow, base=plan.start_commit)
             if hits:  # nothing the attempt wrote is committed: it fails
                 error = _refuse_secrets(held, plan.number, hits, error)
-            message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72]}"
+            message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72].rstrip()}"
             # keep_secrets_out staged every change (or discarded them). The commit's parent
             # is the attempt's start, which lets verify skip an ancestry check.
             text = f"{message}\n\nJob {held.job_id}, attempt {plan.number}."

@@ -11,6 +11,7 @@ every time.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -77,3 +78,12 @@ def _parse(listing: str) -> dict[str, str]:
         if path:
             entries[path] = meta.split()[2]
     return entries
+
+
+def _new_lock() -> None:
+    """In a forked child: a lock of its own (a thread of the parent may have held it)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)

@@ -109,34 +109,42 @@ def keep_secrets_out(
     excludes_file: Path,
     allow: Sequence[str],
     environ: Mapping[str, str] | None = None,
+    base: str = "HEAD",
 ) -> list[SecretHit]:
-    """Stage every change in ``worktree`` and scan it; on a hit, discard every change.
+    """Stage every change in ``worktree`` since ``base`` and scan it; on a hit, discard them.
 
-    Returns the hits. With hits, the worktree is back at its ``HEAD`` (tracked files
-    reset, untracked ones removed, ignored ones kept), so committing it commits nothing.
+    ``base``: the attempt's start. Not ``HEAD``: a command that was not confined could
+    have committed in the worktree, and what it committed is part of the attempt's change.
+    Returns the hits. With hits, the worktree is back at ``base`` (tracked files reset,
+    untracked ones removed, ignored ones kept), so committing it commits nothing.
     """
     _stage(worktree, excludes_file)
-    hits = scan_staged(worktree, allow, environ)
+    hits = scan_staged(worktree, allow, environ, base)
     if hits:
-        _git(worktree, "reset", "-q", "--hard")
+        _git(worktree, "reset", "-q", "--hard", base)
         _git(worktree, "-c", f"core.excludesFile={excludes_file}", "clean", "-ffdq")
         _stage(worktree, excludes_file)
-        if _git(worktree, "diff", "--cached", "--name-only", "--no-renames"):
+        if _git(worktree, "diff", "--cached", "--name-only", "--no-renames", base):
             raise GitError(f"changes holding a secret could not be discarded in {worktree}")
     return hits
 
 
 def scan_staged(
-    worktree: Path, allow: Sequence[str], environ: Mapping[str, str] | None = None
+    worktree: Path,
+    allow: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    base: str = "HEAD",
 ) -> list[SecretHit]:
-    """The secrets in the staged changes of ``worktree``: file names first, then lines.
+    """The secrets in the changes staged in ``worktree`` since ``base``: names, then lines.
 
     ``allow``: path globs (``[secrets] allow``) whose lines are not scanned for key
     formats. ``environ`` (default ``os.environ``) holds the worker's secrets, which are
     looked for everywhere.
     """
     own = _own_secrets(environ)
-    names = _git(worktree, "diff", "--cached", "--name-only", "-z", *_PLAIN, "--diff-filter=d")
+    names = _git(
+        worktree, "diff", "--cached", "--name-only", "-z", *_PLAIN, "--diff-filter=d", base
+    )
     hits = [
         SecretHit(_redacted(name.decode("utf-8", "replace"), own), 0, what)
         for name in names.split(b"\0")
@@ -144,7 +152,7 @@ def scan_staged(
     ]
     if not names.strip(b"\0"):  # nothing added, changed or renamed: no line was added
         return hits
-    patch = _git(worktree, "diff", "--cached", "-U0", "--text", *_PLAIN, "--submodule=short")
+    patch = _git(worktree, "diff", "--cached", "-U0", "--text", *_PLAIN, "--submodule=short", base)
     globs = [path_glob(pattern) for pattern in allow]
     allowed: dict[str, bool] = {}
     found: list[tuple[int, SecretHit]] = []

@@ -21,7 +21,11 @@ repository path, so one strategy never teaches another), on one worker and datab
 
 - always premium, on the measured jobs;
 - fixed rules (three tiers, complex steps on fast, ``learn = false``), on the measured jobs;
-- learned (``learn = true``): the learning jobs first, all finished, then the measured jobs.
+- learned (``learn = true``): the learning jobs first, all finished, then the measured jobs;
+- the oracle: each step names the cheapest tier its draws say solves it;
+- start on local, start on fast, start on premium: each step names that tier and escalates
+  from it. From them, per seed, ``HINDSIGHT``: the cheapest start tier of each
+  difficulty, chosen after the fact, a floor for any router that cannot see the draws.
 
 Only the measured jobs are counted. Per seed: a table, the tiers the measured steps started
 on, how many the journal routed; then a summary over the seeds.
@@ -66,7 +70,16 @@ STRATEGIES: dict[str, tuple[list[str], dict[str, Any], bool]] = {  # tiers, [rou
     "fixed rules": (list(TIERS), {"complex": "fast", "learn": False}, False),
     "learned": (list(TIERS), {"complex": "fast", "learn": True}, True),
     ORACLE: (list(TIERS), {"complex": "fast", "learn": False}, False),
+    **{f"start on {tier}": (list(TIERS), {"learn": False}, False) for tier in TIERS},
 }
+START = {f"start on {tier}": tier for tier in TIERS}
+"""Strategies whose every step names the tier it starts on (and escalates from)."""
+HINDSIGHT = "best start per difficulty, in hindsight"
+"""Not run: per seed and difficulty, the cheapest of the ``START`` strategies that solved as
+many jobs as the rules. It knows each job's difficulty and, looking back, which single
+tier would have been cheapest for each difficulty on that seed's draws. A router sees
+neither: the draws of a difficulty do not depend on a job's description. So, over seeds,
+no router that does not know the draws can expect to spend less than this row."""
 EVEN = 1e-9
 """USD: costs closer than this are equal (the same calls, summed in another order)."""
 
@@ -98,6 +111,8 @@ class Outcome:
     seconds: float
     starts: dict[str, Counter[str]]  # difficulty: the tiers the steps started on
     by_journal: int | None  # steps the journal routed (None: no ``steps.route`` column)
+    cost_by_difficulty: dict[str, float]
+    successes_by_difficulty: dict[str, int]
 
 
 def workload(jobs: int, seed: int) -> list[LearnJob]:
@@ -120,8 +135,11 @@ def workload(jobs: int, seed: int) -> list[LearnJob]:
     return result
 
 
-def tasklist_of(job: LearnJob, oracle: bool = False) -> Any:
-    """The job's one-step TaskList; the ``oracle``'s names the cheapest tier that solves it."""
+def tasklist_of(job: LearnJob, oracle: bool = False, start: str | None = None) -> Any:
+    """The job's one-step TaskList; the ``oracle``'s names the cheapest tier that solves it.
+
+    ``start``: the tier the step names (it escalates from there).
+    """
     from merlin_flow.tasklist import parse_tasklist
 
     step = {
@@ -132,6 +150,8 @@ def tasklist_of(job: LearnJob, oracle: bool = False) -> Any:
     }
     if oracle:
         step["tier"] = next((tier for tier in TIERS if job.solves[tier]), TIERS[-1])
+    elif start:
+        step["tier"] = start
     return parse_tasklist({"title": f"{job.difficulty} job {job.index}", "steps": [step]})
 
 
@@ -217,7 +237,7 @@ class Runner:
                 create_job(
                     self.db,
                     self.settings,
-                    tasklist_of(job, oracle=strategy == ORACLE),
+                    tasklist_of(job, oracle=strategy == ORACLE, start=START.get(strategy)),
                     repos[job.repository],
                     config,
                 )
@@ -270,6 +290,13 @@ class Runner:
             calls = session.scalar(
                 select(func.count()).select_from(LlmCall).where(LlmCall.job_id.in_(ids))
             )
+            per_job = dict(
+                session.execute(
+                    select(LlmCall.job_id, func.coalesce(func.sum(LlmCall.cost_usd), 0.0))
+                    .where(LlmCall.job_id.in_(ids))
+                    .group_by(LlmCall.job_id)
+                ).all()
+            )
         starts: dict[str, Counter[str]] = {d: Counter() for d in DIFFICULTIES}
         for job, tier, _ in measured.values():
             starts[job.difficulty][tier] += 1
@@ -292,6 +319,22 @@ class Runner:
             seconds=seconds,
             starts=starts,
             by_journal=None if all(by is None for by in bys) else bys.count("journal"),
+            cost_by_difficulty={
+                d: sum(
+                    float(per_job.get(i) or 0.0)
+                    for i, (j, _, _) in measured.items()
+                    if j.difficulty == d
+                )
+                for d in DIFFICULTIES
+            },
+            successes_by_difficulty={
+                d: sum(
+                    statuses[i] == "completed"
+                    for i, (j, _, _) in measured.items()
+                    if j.difficulty == d
+                )
+                for d in DIFFICULTIES
+            },
         )
 
 
@@ -318,6 +361,26 @@ def run(
     finally:
         runner.db.dispose()
     print_summary(results)
+
+
+def hindsight(rows: list[Outcome]) -> tuple[float, int]:
+    """One seed's ``HINDSIGHT`` row: its cost and successes.
+
+    Per difficulty, the cheapest ``START`` strategy among those that solved at least as
+    many jobs of it as the fixed rules (``rows[1]``).
+    """
+    starts = [row for row in rows if row.strategy in START]
+    cost, successes = 0.0, 0
+    for d in DIFFICULTIES:
+        enough = [
+            row
+            for row in starts
+            if row.successes_by_difficulty[d] >= rows[1].successes_by_difficulty[d]
+        ] or starts
+        best = min(enough, key=lambda row: row.cost_by_difficulty[d])
+        cost += best.cost_by_difficulty[d]
+        successes += best.successes_by_difficulty[d]
+    return cost, successes
 
 
 def not_worse(learned: Outcome, rules: Outcome) -> bool:
@@ -359,6 +422,8 @@ def print_seed(seed: int, jobs: list[LearnJob], rows: list[Outcome]) -> None:
     print(f"Measured steps started on, learned: {starts_line(learned.starts)}")
     if learned.by_journal is not None:
         print(f"Learned: the journal routed {learned.by_journal} of {learned.jobs} measured steps")
+    cost, successes = hindsight(rows)
+    print(f"{HINDSIGHT}: ${cost:.4f}, {successes}/{rules.jobs} solved")
     verdict = "not worse" if not_worse(learned, rules) else "WORSE"
     print(f"Learned against rules: ${learned.cost:.4f} against ${rules.cost:.4f}, {verdict}\n")
     sys.stdout.flush()
@@ -383,6 +448,15 @@ def print_summary(results: dict[int, list[Outcome]]) -> None:
             f"| {strategy} | {successes}/{jobs} ({successes / jobs:.0%}) | {share} "
             f"| {starts_line(starts) if k else '-'} |"
         )
+    shares, solved, jobs = [], 0, sum(rows[0].jobs for rows in results.values())
+    for rows in results.values():
+        cost, successes = hindsight(rows)
+        solved += successes
+        shares.append(cost / rows[0].cost if rows[0].cost else 0.0)
+    print(
+        f"| {HINDSIGHT} | {solved}/{jobs} ({solved / jobs:.0%}) "
+        f"| {statistics.mean(shares):.1%} | - |"
+    )
     never_worse = [not_worse(rows[2], rows[1]) for rows in results.values()]
     each = ", ".join(
         f"{s} {'yes' if ok else 'NO'}" for s, ok in zip(seeds, never_worse, strict=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,3 +104,22 @@ def test_only_the_newest_commits_are_kept(
     assert len(calls) == 3
     root_entries(repo, commits[0])  # the oldest was dropped: read again
     assert len(calls) == 4
+
+
+def test_a_child_forked_while_the_lock_was_held_reads_all_the_same(repo: Path) -> None:
+    head = git(repo, "rev-parse", "HEAD")
+    root_entries(repo, head)
+    with commit_trees._lock:  # a thread of the parent is inside, as a prefork pool forks
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child's result is its exit status
+            os._exit(0 if "src" in root_entries(repo, head) else 1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pid, status = os.waitpid(child, os.WNOHANG)
+        if pid:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    raise AssertionError("the child waited for a lock no thread of its own held")

@@ -201,6 +201,25 @@ def test_a_hit_discards_every_change_and_the_commit_holds_nothing(tmp_path: Path
     assert git(repo, "-c", f"core.excludesFile={excludes}", "status", "--porcelain") == ""
 
 
+def test_what_a_command_committed_in_the_worktree_is_scanned_from_the_start(
+    tmp_path: Path,
+) -> None:
+    """An unconfined command may commit: the change is everything since the attempt's start."""
+    repo = _repo(tmp_path)
+    start = git(repo, "rev-parse", "HEAD")
+    excludes = write_excludes_file(tmp_path / "excludes")
+    (repo / "keys.py").write_text(f'KEY = "{AWS}"\n')
+    git(repo, "add", "keys.py")
+    git(repo, "commit", "-qm", "a commit the attempt made itself")
+    (repo / "app.py").write_text("a = 10\n")
+    assert keep_secrets_out(repo, excludes, [], ENV) == []  # since HEAD: only app.py
+    hits = keep_secrets_out(repo, excludes, [], ENV, base=start)
+    assert [str(hit) for hit in hits] == ["keys.py:1: an AWS Access Key"]
+    assert git(repo, "rev-parse", "HEAD") == start  # back at the start: nothing to commit
+    assert not (repo / "keys.py").exists()
+    assert git(repo, "status", "--porcelain") == ""
+
+
 def test_without_a_hit_the_changes_stay_staged(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     excludes = write_excludes_file(tmp_path / "excludes")
