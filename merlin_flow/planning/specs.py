@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from merlin_flow.errors import GitError
+from merlin_flow.workspace.commit_trees import root_entries
 from merlin_flow.workspace.git import run_git
 
 CONSTRAINT_HEADINGS = ("purpose", "invariants", "public api", "error cases")
@@ -168,6 +170,8 @@ def scorer_named(name: str) -> Scorer:
 
 def load_specs(git_dir: Path, commit: str, paths: list[str]) -> list[Spec]:
     """Every ``*.md`` file under ``paths`` at ``commit``, in path order."""
+    if not _may_hold_any(git_dir, commit, paths):
+        return []  # most repositories have no `specs/`: no git process to say so
     listing = run_git(["ls-tree", "-r", "--name-only", commit, "--", *paths], git_dir)
     specs = []
     for path in sorted(p for p in listing.stdout.splitlines() if p.endswith(".md")):
@@ -175,6 +179,23 @@ def load_specs(git_dir: Path, commit: str, paths: list[str]) -> list[Spec]:
         head = HEADING.search(text)
         specs.append(Spec(path, head.group(2).strip() if head else Path(path).stem, text))
     return specs
+
+
+def _may_hold_any(git_dir: Path, commit: str, paths: list[str]) -> bool:
+    """False when none of ``paths`` can be in ``commit``.
+
+    That is when each is a plain path whose first folder is not at the commit's root
+    (read once per commit, ``workspace.commit_trees``); a pattern may match anywhere.
+    """
+    try:
+        root = root_entries(git_dir, commit)
+    except GitError:
+        return True  # let `git ls-tree` say what it says
+    for path in paths:
+        first = path.strip("/").split("/", 1)[0]
+        if any(c in path for c in "*?[:\\") or first in ("", ".", "..") or first in root:
+            return True
+    return False
 
 
 def ranked(

@@ -75,6 +75,25 @@ def test_specs_are_the_markdown_files_under_the_paths_at_the_commit(spec_repo: P
     ]
 
 
+def test_no_git_process_looks_for_specs_under_a_folder_the_commit_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from merlin_flow.planning import specs as module
+    from merlin_flow.workspace import commit_trees
+
+    repo = make_repo(tmp_path / "repo", {"app.py": "x = 1\n", "docs/specs/a.md": "# A\n"})
+    head = git(repo, "rev-parse", "HEAD")
+    listed: list[list[str]] = []
+    real = module.run_git
+    monkeypatch.setattr(module, "run_git", lambda args, cwd: listed.append(args) or real(args, cwd))
+    commit_trees.forget()
+    assert load_specs(repo, head, ["specs", "other/specs"]) == []
+    assert listed == []  # neither `specs` nor `other` is at the root
+    assert [s.path for s in load_specs(repo, head, ["docs/specs"])] == ["docs/specs/a.md"]
+    load_specs(repo, head, ["*/specs"])  # a pattern: git is asked, whatever it makes of it
+    assert [args[-1] for args in listed if args[0] == "ls-tree"] == ["docs/specs", "*/specs"]
+
+
 def test_constraints_are_the_named_sections_only() -> None:
     constraints = Spec("specs/auth.md", "Authentication", AUTH).constraints()
     assert list(constraints) == ["Purpose", "Invariants", "Error Cases"]
