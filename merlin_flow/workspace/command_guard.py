@@ -34,6 +34,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 from types import FrameType
 
 TYPE_CHECKING = False  # not typing's: the guard imports as little as it can
@@ -46,26 +47,52 @@ MARK_VARIABLE = "MERLIN_COMMAND_MARK"
 PR_SET_PDEATHSIG = 1
 NOT_STARTED_EXIT_CODE = 127
 PROC = "/proc"
+PASSES = 5
+"""Most scans ``kill_marked`` makes."""
+PF_KTHREAD = 0x00200000
+"""The flag of a kernel thread in ``/proc/PID/stat``."""
 
 
 def kill_marked(mark: str) -> int:
     """SIGKILL every process whose environment holds ``MARK_VARIABLE=mark``; how many.
 
     Runs until a pass finds none (a marked process may fork while the others die), at
-    most a few passes. Without ``/proc`` (macOS) nothing is found. The calling process is
-    spared: the guard carries the mark too.
+    most ``PASSES``. A process in the middle of ``exec`` shows an empty environment for
+    a moment (the kernel sets the new one last): while a pass sees such a process, not a
+    kernel thread, it is not taken as the last one. Without ``/proc`` (macOS) nothing is
+    found. The calling process is spared: the guard carries the mark too.
     """
     entry = f"{MARK_VARIABLE}={mark}".encode()
     killed = 0
-    for _ in range(5):
-        found = [pid for pid in _pids() if pid != os.getpid() and entry in _environ(pid)]
+    for _ in range(PASSES):
+        found, unsure = [], False
+        for pid in _pids():
+            if pid == os.getpid():
+                continue
+            environ = _environ(pid)
+            if entry in environ:
+                found.append(pid)
+            elif environ == [b""] and not unsure:  # readable, and empty
+                unsure = not _kernel_thread(pid)
         for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         killed += len(found)
-        if not found:
+        if not found and not unsure:
             break
+        if not found:
+            time.sleep(0.002)  # let an exec finish
     return killed
+
+
+def _kernel_thread(pid: int) -> bool:
+    """True for a kernel thread (its environment is always empty), or a process gone."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    return len(fields) < 7 or bool(int(fields[6]) & PF_KTHREAD)
 
 
 def _pids() -> list[int]:

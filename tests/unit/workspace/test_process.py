@@ -246,3 +246,52 @@ def test_the_exit_code_of_a_command_killed_by_a_signal_passes_through_its_guard(
 ) -> None:
     result = run_command(["sh", "-c", "kill -TERM $$"], tmp_path, 10)
     assert result.exit_code == -signal.SIGTERM
+
+
+def test_a_marked_process_caught_in_exec_is_killed_on_a_later_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mid-exec, a process's environment reads empty: the scan looks again, not stops."""
+    from merlin_flow.workspace import command_guard
+
+    mark = "mid-exec-" + os.urandom(4).hex()
+    env = {"PATH": os.environ["PATH"], command_guard.MARK_VARIABLE: mark}
+    sleeper = subprocess.Popen(["sleep", "30"], env=env)
+    real, reads = command_guard._environ, {"n": 0}
+
+    def environ(pid: int) -> list[bytes]:
+        if pid == sleeper.pid:
+            reads["n"] += 1
+            if reads["n"] == 1:
+                return [b""]  # what /proc shows between exec's new memory and its stack
+        return real(pid)
+
+    monkeypatch.setattr(command_guard, "_environ", environ)
+    try:
+        assert command_guard.kill_marked(mark) == 1
+        assert sleeper.wait(5) == -signal.SIGKILL
+        assert reads["n"] >= 2
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_process_with_an_empty_environment_is_left_alone_after_the_last_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from merlin_flow.workspace import command_guard
+
+    bare = subprocess.Popen(["/usr/bin/env", "-i", "sleep", "30"])
+    naps: list[float] = []
+    try:
+        deadline = time.monotonic() + 5
+        while command_guard._environ(bare.pid) != [b""] and time.monotonic() < deadline:
+            time.sleep(0.01)  # until `env` has exec'd sleep with nothing
+        monkeypatch.setattr(command_guard.time, "sleep", naps.append)
+        assert command_guard.kill_marked("no-such-mark") == 0
+        monkeypatch.undo()
+        assert len(naps) == command_guard.PASSES  # it looked again each time, then gave up
+        assert bare.poll() is None
+    finally:
+        bare.kill()
+        bare.wait()
