@@ -60,29 +60,30 @@ def kill_marked(mark: str) -> int:
     most ``PASSES``. A process in the middle of ``exec`` shows an empty environment for
     a moment (the kernel sets the new one last): while a pass sees such a process, not a
     kernel thread, it is not taken as the last one. Without ``/proc`` (macOS) nothing is
-    found. The calling process is spared: the guard carries the mark too.
+    found. The calling process is spared: the guard carries the mark too. A process
+    killed on one pass and not yet gone is not counted again.
     """
     entry = f"{MARK_VARIABLE}={mark}".encode()
-    killed = 0
+    killed: set[int] = set()
     for _ in range(PASSES):
-        found, unsure = [], False
+        found, unsure = set(), False
         for pid in _pids():
-            if pid == os.getpid():
-                continue
+            if pid == os.getpid() or pid in killed:
+                continue  # a process already sent SIGKILL cannot fork again
             environ = _environ(pid)
             if entry in environ:
-                found.append(pid)
+                found.add(pid)
             elif environ == [b""] and not unsure:  # readable, and empty
                 unsure = not _kernel_thread(pid)
         for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        killed += len(found)
+        killed |= found
         if not found and not unsure:
             break
         if not found:
             time.sleep(0.002)  # let an exec finish
-    return killed
+    return len(killed)
 
 
 def _kernel_thread(pid: int) -> bool:

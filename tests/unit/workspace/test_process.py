@@ -248,6 +248,17 @@ def test_the_exit_code_of_a_command_killed_by_a_signal_passes_through_its_guard(
     assert result.exit_code == -signal.SIGTERM
 
 
+def _wait_for_exec(pid: int, argv: list[bytes]) -> None:
+    """Until the process runs ``argv``: mid-exec, its environment reads empty."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            if file.read().split(b"\0")[:-1] == argv:
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} never ran {argv}")
+
+
 def test_a_marked_process_caught_in_exec_is_killed_on_a_later_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -257,6 +268,7 @@ def test_a_marked_process_caught_in_exec_is_killed_on_a_later_pass(
     mark = "mid-exec-" + os.urandom(4).hex()
     env = {"PATH": os.environ["PATH"], command_guard.MARK_VARIABLE: mark}
     sleeper = subprocess.Popen(["sleep", "30"], env=env)
+    _wait_for_exec(sleeper.pid, [b"sleep", b"30"])
     real, reads = command_guard._environ, {"n": 0}
 
     def environ(pid: int) -> list[bytes]:
@@ -276,17 +288,37 @@ def test_a_marked_process_caught_in_exec_is_killed_on_a_later_pass(
         sleeper.wait()
 
 
+def test_a_process_slow_to_die_is_killed_and_counted_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under load a SIGKILLed process lingers: later passes do not count it again."""
+    from merlin_flow.workspace import command_guard
+
+    mark = "slow-death-" + os.urandom(4).hex()
+    env = {"PATH": os.environ["PATH"], command_guard.MARK_VARIABLE: mark}
+    sleeper = subprocess.Popen(["sleep", "32"], env=env)
+    signals: list[tuple[int, int]] = []
+    try:
+        _wait_for_exec(sleeper.pid, [b"sleep", b"32"])
+        monkeypatch.setattr(command_guard.os, "kill", lambda *sent: signals.append(sent))
+        assert command_guard.kill_marked(mark) == 1
+        monkeypatch.undo()
+        assert signals == [(sleeper.pid, signal.SIGKILL)]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_a_process_with_an_empty_environment_is_left_alone_after_the_last_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from merlin_flow.workspace import command_guard
 
-    bare = subprocess.Popen(["/usr/bin/env", "-i", "sleep", "30"])
+    bare = subprocess.Popen(["/usr/bin/env", "-i", "sleep", "31"])
     naps: list[float] = []
     try:
-        deadline = time.monotonic() + 5
-        while command_guard._environ(bare.pid) != [b""] and time.monotonic() < deadline:
-            time.sleep(0.01)  # until `env` has exec'd sleep with nothing
+        _wait_for_exec(bare.pid, [b"sleep", b"31"])  # `env` has exec'd sleep with nothing
+        assert command_guard._environ(bare.pid) == [b""]
         monkeypatch.setattr(command_guard.time, "sleep", naps.append)
         assert command_guard.kill_marked("no-such-mark") == 0
         monkeypatch.undo()
