@@ -54,7 +54,7 @@ DEFAULT_MAX_TOKENS = 4096
 class Tier(BaseModel):
     """One model tier: a litellm model string with its price and limits."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str = Field(min_length=1)
     """Name used in TaskLists (`tier:`), reports and escalation records."""
@@ -123,7 +123,7 @@ class Tier(BaseModel):
 class Limits(BaseModel):
     """Bounds on how hard merlin tries, and how it detects lost workers."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     fix_attempts: int = Field(default=1, ge=0)
     """Fix attempts on the same tier after a failed verification, before escalating."""
@@ -155,7 +155,7 @@ class Limits(BaseModel):
 class Routing(BaseModel):
     """Which tier a step starts on, by its complexity (see merlin_flow.planning.routing)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     medium: str | None = None
     """Tier for medium steps; the cheapest tier when unset."""
@@ -172,7 +172,7 @@ class Routing(BaseModel):
 class Planning(BaseModel):
     """How a request in plain words is planned (`[planning]`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     tier: str | None = None
     """The tier whose model plans; the first tier when unset."""
@@ -186,7 +186,7 @@ class Planning(BaseModel):
 class Specs(BaseModel):
     """Where the project's specs are and how many go with a request (`[specs]`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     paths: list[str] = Field(default_factory=lambda: ["specs"])
     """Folders (or files) of Markdown specs, relative to the repository's root."""
@@ -206,7 +206,7 @@ class Specs(BaseModel):
 class MerlinConfig(BaseModel):
     """Everything a job needs to know about models, exit commands and limits."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     tiers: list[Tier] = Field(min_length=1)
     """Model tiers, cheapest first; escalation moves down this list."""

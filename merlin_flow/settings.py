@@ -19,9 +19,7 @@ from merlin_flow.config_files import SYSTEM_CONFIG
 class Settings(BaseSettings):
     """Where merlin_flow keeps its state and how often its background work runs."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="MERLIN_", extra="ignore", use_attribute_docstrings=True
-    )
+    model_config = SettingsConfigDict(env_prefix="MERLIN_", extra="ignore")
 
     home: Path = Field(default_factory=lambda: Path.home() / ".merlin")
     """MERLIN_HOME: the embedded database, the embedded broker, worktrees and patches."""

@@ -90,7 +90,7 @@ def _drop_record_only(data: Any, fields: tuple[str, ...]) -> Any:
 class TaskStep(BaseModel):
     """One typed step: an agent does the work, the exit command decides if it is done."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=STEP_ID_PATTERN)
     """Unique within the TaskList; letters, digits, `_`, `.`, `-`; part of git ref names,
@@ -136,7 +136,7 @@ class TaskStep(BaseModel):
 class TaskList(BaseModel):
     """An ordered list of typed steps with a title: what a job is asked to do."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12], pattern=STEP_ID_PATTERN)
     """Identifier of the TaskList (generated when absent)."""

@@ -172,7 +172,7 @@ class PermissionRules(BaseModel):
     Deny beats ask, ask beats allow; in a job nobody can answer `ask`, so it refuses.
     """
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     allow: list[str] = Field(default_factory=list)
     """Rules for what may run; with `default = "deny"`, the only things that may."""
@@ -226,7 +226,7 @@ def is_secret_name(name: str) -> bool:
 class Sandbox(BaseModel):
     """How a step's commands (`run_command`, exit commands, setup) are confined."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mode: SandboxMode = SandboxMode.BWRAP
     """`bwrap` (the default; Linux, Debian package `bubblewrap`) or `none` (no sandbox)."""
@@ -254,7 +254,7 @@ class Sandbox(BaseModel):
 class SecretScan(BaseModel):
     """`[secrets]`: what the scan of each attempt's changes for secrets leaves alone."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     allow: list[str] = Field(default_factory=list)
     """Path globs, as `[permissions]` path rules read them (`tests/fixtures/**`), whose
@@ -284,7 +284,7 @@ def path_glob(pattern: str) -> Rule:
 class Environment(BaseModel):
     """The project's own environment, built once per cache key and reused by every job."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     setup: list[str] | None = None
     """Shell commands that build the environment in `/merlin/env` with the project at
@@ -304,7 +304,7 @@ class Environment(BaseModel):
 class AgentSettings(BaseModel):
     """`[agents]`: which agent a step without an `agent:` gets."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     default: str | None = None
     """The agent of every step that names none (unset: merlin's plain coding agent)."""
@@ -319,7 +319,7 @@ class AgentSettings(BaseModel):
 class McpServer(BaseModel):
     """`[mcp_servers.NAME]`: a Model Context Protocol server whose tools steps may use."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     command: str | None = None
     """The program of a stdio server, started inside the step's sandbox."""

@@ -4,9 +4,10 @@ Run: ``python -m tests.bench.cli_startup [--runs 10] [--smoke]``. It runs ``merl
 once in a temporary ``MERLIN_HOME`` (a finished job of 3 steps, about a minute), then
 times each command of ``COMMANDS`` ``--runs`` times, each in a fresh process, and prints
 the median, the slowest run and each median as a ratio of ``--help``'s (issue 36's
-target: ``list --json`` and ``status JOB`` within 2.5x). ``FLOOR`` is timed the same
-way: what any read pays before merlin's own work. Without ``--smoke`` it writes its
-section of docs/BENCHMARKS.md; ``--smoke`` runs each command twice and writes nothing.
+target: ``list --json`` and ``status JOB`` within 2.5x). ``FLOOR`` and ``CORE_FLOOR``
+are timed the same way: what any read pays before merlin's own work. Without
+``--smoke`` it writes its section of docs/BENCHMARKS.md; ``--smoke`` runs each command
+twice and writes nothing.
 
 The commands run with bytecode written to a temporary ``PYTHONPYCACHEPREFIX`` (warmed
 by one untimed run of each), as an installed merlin has its modules compiled: a
@@ -49,6 +50,10 @@ RUN_TARGET = 1.5
 """Seconds a 1-step scripted ``merlin run`` may take to reach its first model call."""
 FLOOR = "import sqlalchemy.orm"
 """Timed as ``python -c``: the ORM every read queries the store with, imported alone."""
+CORE_FLOOR = "import merlin_flow.cli.app, sqlalchemy, merlin_flow.settings"
+"""Timed as ``python -c``: what any read imports with no ORM at all: the CLI ``--help``
+loads, SQLAlchemy Core (the store's library, fixed by the design) and the settings that
+say where the store is (pydantic-settings)."""
 PRELOAD = "from merlin_flow.models.llm import preload; preload()"
 """Timed as ``python -c``: litellm and what it loads on a first call, which every model
 call of merlin goes through: the floor of a run's first call."""
@@ -138,6 +143,7 @@ def measure(runs: int) -> dict[str, list[float]]:
             for command in COMMANDS
         }
         argv[f"python -c '{FLOOR}'"] = ["-c", FLOOR]
+        argv[f"python -c '{CORE_FLOOR}'"] = ["-c", CORE_FLOOR]
         argv[f"python -c '{PRELOAD}'"] = ["-c", PRELOAD]
         for args in argv.values():
             run(args, env)  # compiles what the command imports
@@ -191,14 +197,17 @@ def verdict(times: dict[str, list[float]]) -> str:
 def section(times: dict[str, list[float]], runs: int) -> str:
     """The section of docs/BENCHMARKS.md."""
     floor = f"python -c '{FLOOR}'"
+    core = f"python -c '{CORE_FLOOR}'"
     return f"""{HEADING}
 
-Command: `python -m tests.bench.cli_startup --runs {runs}` (about 2 minutes). It runs
+Command: `python -m tests.bench.cli_startup --runs {runs}` (2 to 5 minutes). It runs
 `merlin demo` once in a temporary `MERLIN_HOME` (`JOB` is its finished job of 3 steps),
 then times each command in a fresh process, in {runs} rounds of one run of each, after
 one untimed run of each (bytecode kept, as an installed merlin has it). Output goes to a
 pipe, so tables are drawn plain. The `python -c` rows are no merlin command: SQLAlchemy's
-ORM imported alone, what every read queries the store with, and litellm's import.
+ORM imported alone, what every read queries the store with; what a read would import
+with no ORM at all (the CLI of `--help`, SQLAlchemy Core and merlin's settings); and
+litellm's import.
 
 Run of {date.today().isoformat()}, Python {platform.python_version()}:
 
@@ -227,7 +236,21 @@ What a read adds to `--help` is pydantic (typer checks a command's arguments wit
 merlin's settings are pydantic-settings), SQLAlchemy's ORM with merlin's tables, and
 the queries. SQLAlchemy's ORM imported alone (its `python -c` row) is {ratio(times, floor):.1f}x
 `--help`: {ratio(times, floor) / TARGET:.0%} of the {TARGET}x target, before merlin's tables, its
-settings or typer's checks. The target cannot be met while the reads go through the ORM.
+settings or typer's checks. Reads written against SQLAlchemy Core instead would not
+meet it either: the CLI, Core and the settings imported together, with no ORM, no table
+and no query (its `python -c` row), are {ratio(times, core):.1f}x `--help`. Below that a read
+would need a second way into the store beside SQLAlchemy (the `sqlite3` module and
+psycopg by hand) and a second reading of the settings beside pydantic-settings, two
+copies of what must stay one: not done.
+
+The run of 2026-12-06 took pydantic's `use_attribute_docstrings` off merlin's settings
+and configuration models. It made pydantic find each model's source file and parse it
+as the class was defined, for field descriptions nothing reads (the docstrings stay,
+for readers of the code). `python -X importtime`: `merlin_flow.settings`, which every
+read imports, 26 ms to 10 ms; `merlin_flow.config`, which `run`, `plan` and the workers
+import, 91 ms to 54 ms (with pydantic already imported). In an A/B of this benchmark
+(each side run twice, alternating, on a busy machine) `list --json` went from 778 and
+758 ms to 696 and 711 ms; the other reads moved inside the noise.
 
 Before issue 36's cuts (Alembic imported by every schema check, the step graph, the
 TaskList and the permission rules by `list`, Celery and the agent stack by `status` of
