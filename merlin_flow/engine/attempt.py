@@ -247,7 +247,7 @@ def _work_in_worktree(
             hits = keep_secrets_out(worktree, excludes, allow, base=plan.start_commit)
             if hits:  # nothing the attempt wrote is committed: it fails
                 error = _refuse_secrets(held, plan.number, hits, error)
-            message = f"merlin({held.step_key}): {brief.description.splitlines()[0][:72].rstrip()}"
+            message = held.commit_subject(brief.description)
             # keep_secrets_out staged every change (or discarded them). The commit's parent
             # is the attempt's start, which lets verify skip an ancestry check.
             text = f"{message}\n\nJob {held.job_id}, attempt {plan.number}."

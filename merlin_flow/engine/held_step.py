@@ -55,6 +55,10 @@ class HeldStep:
         config = MerlinConfig.model_validate(job.config)
         return cls(db, settings, job.id, step.key, step.id, token, config, job.base_commit)
 
+    def commit_subject(self, description: str) -> str:
+        """A commit's first line: ``merlin(KEY):`` and the description's, cut to 72."""
+        return f"merlin({self.step_key}): {description.splitlines()[0][:72].rstrip()}"
+
     def worktree(self, name: str) -> Path:
         """A worktree folder of this job, apart from any other worker's.
 

@@ -201,7 +201,7 @@ def _integrate_and_pass(
             base = step.base_commit or attempt.start_commit
             commands = commands_to_reverify(job.steps, step)
             message = (
-                f"merlin({step.key}): {step.description.splitlines()[0][:72].rstrip()}\n\n"
+                f"{held.commit_subject(step.description)}\n\n"
                 f"Job {held.job_id}, attempt {attempt.number}, merged onto {onto[:10]}."
             )
             name = f"{held.step_key}-{attempt.number}-merged"

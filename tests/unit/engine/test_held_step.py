@@ -98,3 +98,13 @@ def test_each_execution_has_its_own_worktree_and_a_built_environment_is_recorded
         event = session.scalars(select(Event).where(Event.kind == "environment_built")).one()
         assert event.step_key == "s0"
         assert event.data == {"path": str(checkout.environment.path)}
+
+
+def test_a_commit_subject_is_the_step_key_and_the_first_line_cut_to_72(
+    db: Database, settings: Settings, job_id: str
+) -> None:
+    held = _held(db, settings, job_id, new_token())
+    long = "Fix the parser " + "x" * 56 + " and more\n\nDetails on the second line"
+    assert held.commit_subject(long) == f"merlin(s0): Fix the parser {'x' * 56}"
+    assert held.commit_subject("Add a cache   \nmore") == "merlin(s0): Add a cache"
+    assert len(held.commit_subject("y" * 100)) == len("merlin(s0): ") + 72
