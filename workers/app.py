@@ -13,15 +13,12 @@ can still time out; the channel error then restarts the worker's consumer
 (``broker_channel_error_retry``) instead of ending the worker, and RabbitMQ gives the
 message to another consumer.
 
-On the embedded ``sqla+sqlite`` broker the polling interval must be set on the transport
-class: kombu passes ``broker_transport_options`` to ``create_engine`` and a
-``polling_interval`` there crashes the worker.
+The embedded ``sqla+sqlite`` broker is set up by ``workers.embedded_broker``.
 """
 
 from __future__ import annotations
 
 from celery import Celery
-from sqlalchemy.pool import NullPool
 
 from merlin_flow.settings import Settings, get_settings
 from merlin_flow.store import Database
@@ -40,19 +37,16 @@ def create_app(settings: Settings | None = None, current: bool = True) -> Celery
     """
     settings = settings or get_settings()
     if settings.broker_is_embedded:
-        import kombu.transport.sqlalchemy as sqla_transport
+        from workers import embedded_broker
 
-        sqla_transport.Transport.polling_interval = settings.broker_poll_interval
+        embedded_broker.install(settings.broker_poll_interval)
         settings.home_dir.mkdir(parents=True, exist_ok=True)
     app = Celery(
         "merlin_flow", broker=settings.broker, include=["workers.tasks"], set_as_current=current
     )
     transport_options: dict[str, object] = {}
     if settings.broker_is_embedded:
-        # kombu's SQL transport keeps a session whose commit failed (a full disk) with its
-        # connection checked out; past 15 of them a pool would be spent, and the worker
-        # would stop ("Unrecoverable error: QueuePool limit"). Unpooled, it reconnects.
-        transport_options = {"poolclass": NullPool}
+        transport_options = embedded_broker.transport_options()
     if settings.broker.startswith(("redis://", "rediss://")):
         transport_options = {
             "visibility_timeout": REDIS_VISIBILITY_TIMEOUT,

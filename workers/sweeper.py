@@ -19,7 +19,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import Engine, create_engine, inspect, text
 
 from merlin_flow.engine.machinery import space_is_back, waiting_for_space
 from merlin_flow.engine.presence import beat, leave
@@ -28,11 +28,17 @@ from merlin_flow.errors import InputError
 from merlin_flow.jobs.control import resume_job
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, utcnow
+from merlin_flow.store.fork_gate import SQLITE_CONNECT_ARGS
 from merlin_flow.workspace.worktree_cleanup import clear_ended, clear_setups
 from workers.canvas import enqueue_job
 from workers.queues import ALL_QUEUES, STEP_TASK, VERIFY_TASK
 
 log = logging.getLogger(__name__)
+
+
+def _broker_engine(settings: Settings) -> Engine:
+    """An engine on the embedded broker's SQLite file, its connections gated for forks."""
+    return create_engine(settings.broker.removeprefix("sqla+"), connect_args=SQLITE_CONNECT_ARGS)
 
 
 def purge_delivered_messages(settings: Settings) -> int:
@@ -43,7 +49,7 @@ def purge_delivered_messages(settings: Settings) -> int:
     """
     if not settings.broker_is_embedded:
         return 0
-    engine = create_engine(settings.broker.removeprefix("sqla+"))
+    engine = _broker_engine(settings)
     try:
         if "kombu_message" not in inspect(engine).get_table_names():
             return 0
@@ -102,7 +108,7 @@ def _redis_messages(settings: Settings) -> Messages:
 
 def _embedded_messages(settings: Settings) -> Messages:
     """Step messages the embedded broker has not delivered yet."""
-    engine = create_engine(settings.broker.removeprefix("sqla+"))
+    engine = _broker_engine(settings)
     try:
         if "kombu_message" not in inspect(engine).get_table_names():
             return set()

@@ -28,6 +28,7 @@ from sqlalchemy.orm.attributes import instance_state
 
 from merlin_flow.errors import RecordInDoubt, StoreError
 from merlin_flow.resources import resource_dir
+from merlin_flow.store.fork_gate import SQLITE_CONNECT_ARGS
 from merlin_flow.store.wal import enable_wal
 
 if TYPE_CHECKING:
@@ -132,7 +133,13 @@ def _may_hold_secrets(column: Any) -> bool:
 
 def _engine_options(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
-        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "isolation_level": None}}
+        return {
+            "connect_args": {
+                "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000,
+                "isolation_level": None,
+                **SQLITE_CONNECT_ARGS,  # a fork never catches a thread inside SQLite
+            }
+        }
     return {"pool_pre_ping": True}
 
 

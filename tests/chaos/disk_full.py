@@ -33,6 +33,8 @@ from tests.chaos.invariants import Findings, check
 
 NOTEWORTHY = ("no_space", "parked", "space is back", "No space left", "disk is full")
 """What a worker's log line says when it is about the full disk."""
+TAIL_LINES = 15
+"""Lines of each worker's log a report keeps (what a failed run shows)."""
 
 
 @contextlib.contextmanager
@@ -79,11 +81,26 @@ class DiskReport:
     """What ``PRAGMA integrity_check`` and ``git fsck`` said, where they found a fault."""
     logged: list[str] = field(default_factory=list)
     """Worker log lines about the full disk (the first few)."""
+    workers: list[str] = field(default_factory=list)
+    """Each worker as the run ended: running or its exit code, and its log's last lines."""
 
     def failed(self, jobs: int) -> bool:
         """Whether a job did not complete, an invariant broke or a store is corrupt."""
         found = self.findings
         return bool(found.violations or found.completed < jobs or self.integrity)
+
+    def diagnosis(self) -> str:
+        """What a failed run's reader needs first: the figures, then each worker's state."""
+        fills = ", ".join(f"at {at:.0f} s for {held:.0f} s" for at, held in self.fills)
+        return "\n".join(
+            [
+                f"after {self.seconds:.0f} s: {self.findings.completed} of "
+                f"{self.findings.jobs} jobs completed; fills {fills or 'none'}; "
+                f"parks {self.parks} ({self.parks_for_space} for space), resumes "
+                f"{self.resumes}; merlin list while full: {dict(self.listed)}",
+                *self.workers,
+            ]
+        )
 
 
 class DiskFullCampaign(Campaign):
@@ -120,7 +137,18 @@ class DiskFullCampaign(Campaign):
         self.finished = self.unfinished_submitted() == 0
         if self.finished:
             self.await_cleanup()
+        self.report.workers = [self._describe(n, worker) for n, worker in enumerate(self.workers)]
         return time.monotonic() - begun
+
+    def _describe(self, n: int, worker: Any, lines: int = TAIL_LINES) -> str:
+        """Worker ``n``: running or its exit code, how many critical lines it logged, its
+        log's last ``lines`` lines (each cut short)."""
+        code = worker.process.poll()
+        log = worker.log.read_text(errors="replace").splitlines()
+        critical = sum(1 for line in log if "CRITICAL" in line or "Unrecoverable" in line)
+        tail = "\n".join(f"    {line[:200]}" for line in log[-lines:])
+        state = "running" if code is None else f"exited {code}"
+        return f"worker{n}: {state}, {critical} critical lines, {len(log)} lines; last:\n{tail}"
 
     def _running(self) -> int:
         from sqlalchemy import func, select

@@ -29,9 +29,9 @@ def test_jobs_complete_after_the_disk_was_full() -> None:
          "200", "--fills", "1", "--full-seconds", "10", "--seed", "3", "--max-minutes", "4"]
     )  # fmt: skip
     report = run_disk_full("sqlite", args)
-    assert report.findings.violations == []
+    assert report.findings.violations == [], report.diagnosis()
     assert report.integrity == []  # PRAGMA integrity_check and git fsck
-    assert report.findings.completed == 6
+    assert report.findings.completed == 6, report.diagnosis()
     assert len(report.fills) == 1
     # What met the full disk waited for space, and the sweeps resumed it: nobody did. A
     # step whose park (or lease) the database could not record, SQLite being on the full
