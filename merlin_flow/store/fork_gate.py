@@ -13,13 +13,14 @@ it was given; once every pool process has, the worker takes no more work.
 
 Every SQLite connection merlin opens (its store, the embedded broker, the sweeper's reads
 of the broker) is a ``GatedConnection``: each call into SQLite passes one ``Gate``, which
-also counts the connections holding a transaction. A fork (``os.register_at_fork``)
-closes the gate and waits until no thread is inside and no transaction is open, forks,
-then opens it; the child starts with a new gate. While it waits, a call that would begin
-a transaction (or open a connection) waits too; a call on a connection whose transaction
-is open goes in, so that the transaction ends. The wait is bounded by
-``FORK_WAIT_SECONDS``: past it (a thread keeping a transaction open for long), the fork
-goes ahead as it would without the gate.
+also counts, per thread, the locks held between calls (a connection's open transaction,
+a cursor's statement with rows left). A fork (``os.register_at_fork``) closes the gate,
+waits until no call is inside and no other thread holds a lock, forks, then opens it; the
+child starts with a new gate. While it waits, a thread holding no lock waits at the gate
+too; a thread holding one goes in, on any of its connections, so that it can release it.
+The wait is bounded by ``FORK_WAIT_SECONDS``: past it (a thread keeping a transaction open
+for long), the fork goes ahead as it would without the gate. A lock the forking thread
+holds itself is not waited for.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import contextlib
 import os
 import sqlite3
 import threading
-from typing import Any
+import weakref
+from collections.abc import Sequence
+from typing import Any, Union
 
 FORK_WAIT_SECONDS = 2.0
 """How long a fork waits for calls and transactions to end. Shorter than any busy timeout:
@@ -45,32 +48,68 @@ class Gate:
         # that is in the middle of going in or out.
         self._changed = threading.Condition(threading.RLock())
         self._inside = 0
-        self._held = 0
+        self._held: dict[int, int] = {}
+        """Per thread, the transactions and statements it holds open between calls."""
         self._forker: int | None = None
 
     def enter(self, holding: bool) -> None:
-        """Go inside; while a fork waits, first wait for it, unless ``holding``.
+        """Go inside; while a fork waits, first wait for it, unless a lock is held.
 
-        ``holding``: the call's connection or cursor holds a lock, which only its going on
-        releases.
+        ``holding``: the call's connection or cursor holds a lock. A thread holding one
+        on any connection goes in too: only its going on releases it.
         """
+        me = threading.get_ident()
         with self._changed:
-            while not holding and self._forker not in (None, threading.get_ident()):
+            while not holding and not self._held.get(me) and self._forker not in (None, me):
                 self._changed.wait()
             self._inside += 1
 
-    def leave(self, held: int) -> None:
-        """Come out, now holding ``held`` more locks (a transaction, a statement) or fewer."""
+    def leave(self, now: Sequence[tuple[Counted, bool]] = ()) -> None:
+        """Come out; each object of ``now`` holds a lock from here on, or does not."""
         with self._changed:
             self._inside -= 1
-            self._held += held
+            for held, holds in now:
+                self._recount(held, holds)
             if self.idle:
                 self._changed.notify_all()
 
+    def forget(self, *gone: Counted) -> None:
+        """Count no lock for ``gone`` any more (closed, or closed by the collector)."""
+        with self._changed:
+            for held in gone:
+                self._recount(held, False)
+            if self.idle:
+                self._changed.notify_all()
+
+    def counts(self, held: Counted) -> bool:
+        """Whether this gate counts a lock held by ``held``."""
+        counted = held.counted_by
+        return counted is not None and counted[0] is self
+
+    def _recount(self, held: Counted, holds: bool) -> None:
+        # From the object's own record, under the lock: a nested call (the collector's,
+        # or another thread's on a shared connection) may have counted it already.
+        counted = held.counted_by if self.counts(held) else None
+        if holds and counted is None:
+            me = threading.get_ident()
+            held.counted_by = (self, me)
+            self._held[me] = self._held.get(me, 0) + 1
+        elif counted is not None and not holds:
+            holder = counted[1]
+            held.counted_by = None
+            left = self._held[holder] - 1
+            if left:
+                self._held[holder] = left
+            else:
+                del self._held[holder]
+
     @property
     def idle(self) -> bool:
-        """Whether no call is inside SQLite and no lock is held between calls."""
-        return not self._inside and not self._held
+        """Whether no call is inside SQLite and no thread but the forking one holds a lock.
+
+        A lock the forking thread holds is not waited for: only it could release it.
+        """
+        return not self._inside and all(thread == self._forker for thread in self._held)
 
     def close(self, timeout: float) -> bool:
         """Wait until idle, then keep the gate's lock until ``open``.
@@ -89,6 +128,8 @@ class Gate:
 
 
 _gate = Gate()
+Counted = Union["GatedConnection", "GatedCursor"]
+"""What can hold a lock between calls: a connection's transaction, a cursor's statement."""
 
 
 def gate() -> Gate:
@@ -123,7 +164,7 @@ class _Call:
     does. A cursor method sets ``call.active`` to say whether its statement is left so.
     """
 
-    __slots__ = ("active", "connection", "cursor", "gate", "held")
+    __slots__ = ("active", "connection", "cursor", "gate")
 
     def __init__(self, connection: GatedConnection, cursor: GatedCursor | None = None) -> None:
         self.connection = connection
@@ -131,43 +172,30 @@ class _Call:
 
     def __enter__(self) -> _Call:
         self.gate = here = _gate
-        self.held = (
-            self.connection.counted_by is here,
-            self.cursor is not None and self.cursor.counted_by is here,
-        )
-        self.active = self.held[1]
-        here.enter(holding=any(self.held))
+        self.active = self.cursor is not None and here.counts(self.cursor)
+        here.enter(holding=self.active or here.counts(self.connection))
         return self
 
     def __exit__(self, *_: object) -> None:
-        here = self.gate
         try:
             open_now = self.connection.in_transaction
         except sqlite3.ProgrammingError:  # closed
             open_now = False
-        change = _recount(self.connection, self.held[0], open_now, here)
+        now: list[tuple[Counted, bool]] = [(self.connection, open_now)]
         if self.cursor is not None:
-            change += _recount(self.cursor, self.held[1], self.active, here)
-        here.leave(change)
-
-
-def _recount(held: GatedConnection | GatedCursor, was: bool, now: bool, here: Gate) -> int:
-    """1 if ``held`` now holds a lock it did not, -1 if it no longer does, else 0."""
-    if now and not was:
-        held.counted_by = here
-        return 1
-    if was and not now:
-        held.counted_by = None
-        return -1
-    return 0
+            now.append((self.cursor, self.active))
+            if self.active:
+                self.connection.cursors.add(self.cursor)
+        self.gate.leave(now)
 
 
 class GatedCursor(sqlite3.Cursor):
     """A cursor whose statements and fetches pass the gate."""
 
     connection: GatedConnection
-    counted_by: Gate | None = None
-    """The gate counting this cursor's statement, while it may have rows left."""
+    counted_by: tuple[Gate, int] | None = None
+    """The gate counting this cursor's statement (and the thread holding it), while it may
+    have rows left."""
 
     def execute(self, *args: Any) -> GatedCursor:
         """Run one statement (``sqlite3.Cursor.execute``)."""
@@ -228,8 +256,11 @@ class GatedCursor(sqlite3.Cursor):
 
     def __del__(self) -> None:
         """Close inside the gate: the collector's close resets the statement otherwise."""
-        with contextlib.suppress(Exception):
-            self.close()
+        try:
+            with contextlib.suppress(Exception):
+                self.close()
+        finally:
+            _gate.forget(self)
 
 
 class GatedConnection(sqlite3.Connection):
@@ -239,16 +270,18 @@ class GatedConnection(sqlite3.Connection):
     ``GatedCursor``.
     """
 
-    counted_by: Gate | None = None
-    """The gate counting this connection's open transaction, if one is."""
+    counted_by: tuple[Gate, int] | None = None
+    """The gate counting this connection's open transaction (and the thread holding it)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Open the database (``sqlite3.connect``'s arguments), inside the gate."""
+        self.cursors: weakref.WeakSet[GatedCursor] = weakref.WeakSet()
+        """Its cursors counted once (a close of the connection ends their statements)."""
         _gate.enter(holding=False)
         try:
             super().__init__(*args, **kwargs)
         finally:
-            _gate.leave(0)
+            _gate.leave()
 
     def cursor(self, factory: Any = GatedCursor) -> Any:
         """A new cursor, gated unless ``factory`` says otherwise."""
@@ -278,8 +311,16 @@ class GatedConnection(sqlite3.Connection):
 
     def close(self) -> None:
         """Close the connection (an open transaction is rolled back)."""
+        try:
+            with _Call(self):
+                super().close()
+        finally:
+            _gate.forget(*self.cursors)
+
+    def create_function(self, *args: Any, **kwargs: Any) -> None:
+        """Define an SQL function (SQLAlchemy's ``regexp``), inside the gate."""
         with _Call(self):
-            super().close()
+            super().create_function(*args, **kwargs)
 
     def __exit__(self, *exc: Any) -> Any:
         """Commit or roll back (``with connection:``), inside the gate."""
@@ -289,10 +330,14 @@ class GatedConnection(sqlite3.Connection):
     def __del__(self) -> None:
         """Close inside the gate: the collector closes a connection dropped unclosed.
 
-        It does so in whichever thread it runs, maybe while another thread forks.
+        It does so in whichever thread it runs, maybe while another thread forks. A close
+        that fails there (another thread's connection) is the collector's to finish.
         """
-        with contextlib.suppress(Exception):
-            self.close()
+        try:
+            with contextlib.suppress(Exception):
+                self.close()
+        finally:
+            _gate.forget(self, *self.cursors)
 
 
 SQLITE_CONNECT_ARGS: dict[str, Any] = {"factory": GatedConnection}

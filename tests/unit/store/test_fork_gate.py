@@ -110,7 +110,7 @@ def _in_thread(gate: Gate, holding: bool, until: threading.Event | None = None) 
         came_in.set()
         if until is not None:
             until.wait()
-        gate.leave(0)
+        gate.leave()
 
     threading.Thread(target=go, daemon=True).start()
     return came_in
@@ -203,4 +203,35 @@ def test_a_fork_waits_for_an_open_transaction_to_end(tmp_path: Path) -> None:
     forker.join()
     cursor.close()
     db.close()
+    assert gate().idle
+
+
+def test_a_thread_holding_a_transaction_goes_on_while_a_fork_waits(tmp_path: Path) -> None:
+    """It may open or use another connection (a second pooled one, another engine): made
+    to wait, it would keep its lock, and the fork would wait for it until it gave up."""
+    path = _database(tmp_path)
+    holding, waited = threading.Event(), []
+
+    def hold() -> None:
+        first = GatedConnection(path, isolation_level=None, check_same_thread=False)
+        first.execute("BEGIN IMMEDIATE")
+        first.execute("INSERT INTO t VALUES (1)")
+        holding.set()
+        time.sleep(0.2)  # the fork is waiting by now
+        begun = time.monotonic()
+        second = GatedConnection(path)
+        second.execute("SELECT count(*) FROM t").fetchall()
+        second.close()
+        waited.append(time.monotonic() - begun)
+        first.execute("COMMIT")
+        first.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait()
+    begun = time.monotonic()
+    assert _fork_and_query(path)  # forked once the transaction ended; the child writes
+    holder.join()
+    assert waited[0] < 0.1
+    assert time.monotonic() - begun < 1.5  # not the fork's whole wait
     assert gate().idle
