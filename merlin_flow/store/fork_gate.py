@@ -47,7 +47,8 @@ class Gate:
         # Reentrant: the collector may close a connection (through the gate) in a thread
         # that is in the middle of going in or out.
         self._changed = threading.Condition(threading.RLock())
-        self._inside = 0
+        self._inside: dict[int, int] = {}
+        """Per thread, its calls inside SQLite (more than one: the collector's, nested)."""
         self._held: dict[int, int] = {}
         """Per thread, the transactions and statements it holds open between calls."""
         self._forker: int | None = None
@@ -56,29 +57,45 @@ class Gate:
         """Go inside; while a fork waits, first wait for it, unless a lock is held.
 
         ``holding``: the call's connection or cursor holds a lock. A thread holding one
-        on any connection goes in too: only its going on releases it.
+        on any connection goes in too (only its going on releases it), and so does a
+        call nested in one of its thread's (the collector closing a connection).
         """
         me = threading.get_ident()
         with self._changed:
-            while not holding and not self._held.get(me) and self._forker not in (None, me):
+            while (
+                not holding
+                and me not in self._held
+                and me not in self._inside
+                and self._forker not in (None, me)
+            ):
                 self._changed.wait()
-            self._inside += 1
+            self._inside[me] = self._inside.get(me, 0) + 1
 
-    def leave(self, now: Sequence[tuple[Counted, bool]] = ()) -> None:
-        """Come out; each object of ``now`` holds a lock from here on, or does not."""
+    def leave(self, now: Sequence[tuple[Counted, bool | None]] = ()) -> None:
+        """Come out; each object of ``now`` holds a lock from here on, or does not.
+
+        None: ask the connection (whether its transaction is open), under the gate's
+        lock, so that of two threads sharing it the last to leave reads the last state.
+        """
+        me = threading.get_ident()
         with self._changed:
-            self._inside -= 1
+            _decrement(self._inside, me)
             for held, holds in now:
-                self._recount(held, holds)
-            if self.idle:
+                self._recount(held, _in_transaction(held) if holds is None else holds)
+            if self._forker is not None and self.idle:
                 self._changed.notify_all()
 
     def forget(self, *gone: Counted) -> None:
-        """Count no lock for ``gone`` any more (closed, or closed by the collector)."""
+        """Count no lock for ``gone`` any more (closed, or closed by the collector).
+
+        A connection's cursors go with it: its close ended their statements.
+        """
         with self._changed:
             for held in gone:
                 self._recount(held, False)
-            if self.idle:
+                for cursor in list(getattr(held, "cursors", ())):
+                    self._recount(cursor, False)
+            if self._forker is not None and self.idle:
                 self._changed.notify_all()
 
     def counts(self, held: Counted) -> bool:
@@ -94,14 +111,13 @@ class Gate:
             me = threading.get_ident()
             held.counted_by = (self, me)
             self._held[me] = self._held.get(me, 0) + 1
+            if isinstance(held, GatedCursor):
+                held.connection.cursors.add(held)
         elif counted is not None and not holds:
-            holder = counted[1]
             held.counted_by = None
-            left = self._held[holder] - 1
-            if left:
-                self._held[holder] = left
-            else:
-                del self._held[holder]
+            _decrement(self._held, counted[1])
+            if isinstance(held, GatedCursor):
+                held.connection.cursors.discard(held)
 
     @property
     def idle(self) -> bool:
@@ -114,9 +130,12 @@ class Gate:
     def close(self, timeout: float) -> bool:
         """Wait until idle, then keep the gate's lock until ``open``.
 
-        False if ``timeout`` passed first (the lock is kept all the same).
+        False if ``timeout`` passed first (the lock is kept all the same). A second
+        thread forking meanwhile waits for the first fork to be done.
         """
         self._changed.acquire()
+        while self._forker is not None:
+            self._changed.wait()
         self._forker = threading.get_ident()
         return self._changed.wait_for(lambda: self.idle, timeout)
 
@@ -125,6 +144,21 @@ class Gate:
         self._forker = None
         self._changed.notify_all()
         self._changed.release()
+
+
+def _decrement(counts: dict[int, int], thread: int) -> None:
+    left = counts.get(thread, 0) - 1
+    if left > 0:
+        counts[thread] = left
+    else:
+        counts.pop(thread, None)
+
+
+def _in_transaction(held: Counted) -> bool:
+    try:
+        return bool(held.in_transaction)  # type: ignore[union-attr]
+    except sqlite3.ProgrammingError:  # closed, or another thread's
+        return False
 
 
 _gate = Gate()
@@ -177,15 +211,9 @@ class _Call:
         return self
 
     def __exit__(self, *_: object) -> None:
-        try:
-            open_now = self.connection.in_transaction
-        except sqlite3.ProgrammingError:  # closed
-            open_now = False
-        now: list[tuple[Counted, bool]] = [(self.connection, open_now)]
+        now: list[tuple[Counted, bool | None]] = [(self.connection, None)]
         if self.cursor is not None:
             now.append((self.cursor, self.active))
-            if self.active:
-                self.connection.cursors.add(self.cursor)
         self.gate.leave(now)
 
 
@@ -315,7 +343,7 @@ class GatedConnection(sqlite3.Connection):
             with _Call(self):
                 super().close()
         finally:
-            _gate.forget(*self.cursors)
+            _gate.forget(self)
 
     def create_function(self, *args: Any, **kwargs: Any) -> None:
         """Define an SQL function (SQLAlchemy's ``regexp``), inside the gate."""
@@ -337,7 +365,7 @@ class GatedConnection(sqlite3.Connection):
             with contextlib.suppress(Exception):
                 self.close()
         finally:
-            _gate.forget(self, *self.cursors)
+            _gate.forget(self)
 
 
 SQLITE_CONNECT_ARGS: dict[str, Any] = {"factory": GatedConnection}
