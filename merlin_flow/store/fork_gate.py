@@ -283,12 +283,12 @@ class GatedCursor(sqlite3.Cursor):
             super().close()
 
     def __del__(self) -> None:
-        """Close inside the gate: the collector's close resets the statement otherwise."""
-        try:
-            with contextlib.suppress(Exception):
-                self.close()
-        finally:
-            _gate.forget(self)
+        """Close inside the gate: the collector's close resets the statement otherwise.
+
+        The statement is uncounted even if the close fails.
+        """
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 class GatedConnection(sqlite3.Connection):
@@ -359,13 +359,11 @@ class GatedConnection(sqlite3.Connection):
         """Close inside the gate: the collector closes a connection dropped unclosed.
 
         It does so in whichever thread it runs, maybe while another thread forks. A close
-        that fails there (another thread's connection) is the collector's to finish.
+        that fails there (another thread's connection) is the collector's to finish; its
+        count goes all the same (``close``).
         """
-        try:
-            with contextlib.suppress(Exception):
-                self.close()
-        finally:
-            _gate.forget(self)
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 SQLITE_CONNECT_ARGS: dict[str, Any] = {"factory": GatedConnection}
