@@ -9,14 +9,20 @@ imports nest at most ``MAX_IMPORT_DEPTH`` deep and add at most ``MAX_EXPANDED_CH
 Confinement: a repository's files are as untrusted as its code, so with ``confine_to``
 every file named must resolve (symlinks followed) inside that folder: ``~``, absolute
 paths, ``..`` escapes and symlinks leading out are refused, the message naming the path.
+The repository's instruction file is also held to `[permissions]`: a file a `Read` rule
+hides from the step's agent is not imported into its prompt either (``readable``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from merlin_flow.errors import AgentFileError
+
+Readable = Callable[[str], bool]
+"""Whether a file (its path relative to the repository, posix) may reach the prompt."""
 
 INSTRUCTION_FILES = ("AGENTS.md", "MERLIN.md")
 """The repository's own instructions for every agent, the first one found."""
@@ -43,22 +49,25 @@ def instruction_file(root: Path) -> str | None:
     return next((name for name in INSTRUCTION_FILES if (root / name).is_file()), None)
 
 
-def instruction_text(root: Path) -> str:
+def instruction_text(root: Path, readable: Readable | None = None) -> str:
     """The repository's ``AGENTS.md`` (else ``MERLIN.md``), imports expanded; "" if none.
 
-    Imports stay inside ``root``; a bad one is left out with a note in the text. The text
-    is cut at ``INSTRUCTION_LIMIT`` characters, with a note saying so.
+    Imports stay inside ``root`` and, with ``readable`` (the step's `[permissions]`),
+    within what the agent may read; a bad one is left out with a note in the text. The
+    text is cut at ``INSTRUCTION_LIMIT`` characters, with a note saying so.
     """
     name = instruction_file(root)
     if name is None:
         return ""
     path = root / name
+    expansion = _Expansion(path, root, lenient=True, readable=readable)
     try:
         ensure_inside(path, root.resolve(), name)
+        expansion.check_readable(path.resolve(), name)
         text = read_text(path, name)
     except AgentFileError as exc:
         return f"({name} left out: {exc})"
-    text = _Expansion(path, root, lenient=True).expand(text, (path.resolve(),))
+    text = expansion.expand(text, (path.resolve(),))
     if len(text) > INSTRUCTION_LIMIT:
         text = (
             text[:INSTRUCTION_LIMIT] + f"\n\n[{name} cut: {len(text):,} characters, "
@@ -120,11 +129,22 @@ def _cut(text: str) -> str:
 class _Expansion:
     """One expansion: the confinement, whether bad imports fail it, the size so far."""
 
-    def __init__(self, top: Path, confine_to: Path | None, *, lenient: bool) -> None:
+    def __init__(
+        self, top: Path, confine_to: Path | None, *, lenient: bool, readable: Readable | None = None
+    ) -> None:
         self.base = top.resolve().parent
         self.root = confine_to.resolve() if confine_to is not None else None
         self.lenient = lenient
+        self.readable = readable
         self.size = 0
+
+    def check_readable(self, target: Path, written: str) -> None:
+        """AgentFileError when `[permissions]` hide ``target`` from the step's agent."""
+        if self.readable is None or self.root is None or not target.is_relative_to(self.root):
+            return
+        relative = target.relative_to(self.root).as_posix()
+        if not self.readable(relative):
+            raise AgentFileError(f"{written}: [permissions] hide {relative} from this agent")
 
     def expand(self, text: str, chain: tuple[Path, ...]) -> str:
         """``text`` of ``chain[-1]`` with its imports replaced (see ``expand_imports``)."""
@@ -148,6 +168,7 @@ class _Expansion:
 
     def _imported(self, written: str, chain: tuple[Path, ...]) -> str:
         target = locate(written, chain[-1], self.root)
+        self.check_readable(target, f"@{written}")
         if target in chain:
             cycle = [*chain[chain.index(target) :], target]
             raise AgentFileError("import cycle: " + " -> ".join(map(self._shown, cycle)))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -24,12 +23,12 @@ from merlin_flow.agents.loop import MODEL_UNREACHABLE, StepBrief, for_the_record
 from merlin_flow.agents.step_tools import (
     can_write,
     open_step_tools,
-    permission_events,
     step_brief,
     with_instructions,
     with_map,
 )
 from merlin_flow.config import MerlinConfig
+from merlin_flow.engine.attempt_commit import commit_attempt
 from merlin_flow.engine.budget import job_guard
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.feedback import feedback_for
@@ -74,9 +73,8 @@ from merlin_flow.store.events import AttemptData, CondensedData, EventKind, add_
 from merlin_flow.tasklist import StepType
 from merlin_flow.tool_config import SandboxMode
 from merlin_flow.workspace.citations import marked_at
-from merlin_flow.workspace.git import attempt_ref, commit_all, same_tree, write_excludes_file
+from merlin_flow.workspace.git import attempt_ref, same_tree, write_excludes_file
 from merlin_flow.workspace.repository import JobRepository, repository_of
-from merlin_flow.workspace.secret_scan import SecretHit, hit_lines, keep_secrets_out, secret_error
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +180,7 @@ def _work_in_worktree(
     try:
         with held.checkout(repository, plan.start_commit, name) as checkout:
             worktree = checkout.worktree
-            brief = with_instructions(brief, worktree)
+            brief = with_instructions(brief, worktree, config)
             seqs = itertools.count(plan.calls_so_far)
             context = CallContext(held.job_id, held.step_id, plan.attempt_id, plan.run, tier)
 
@@ -242,16 +240,12 @@ def _work_in_worktree(
                 error = str(exc)
                 if isinstance(exc, ModelUnreachable):
                     failure = FailureKind.ACCESS
-            _settle_permissions(held, worktree, plan.agent)
-            allow = config.secrets.allow
-            hits = keep_secrets_out(worktree, excludes, allow, base=plan.start_commit)
-            if hits:  # nothing the attempt wrote is committed: it fails
-                error = _refuse_secrets(held, plan.number, hits, error)
             message = held.commit_subject(brief.description)
-            # keep_secrets_out staged every change (or discarded them). The commit's parent
-            # is the attempt's start, which lets verify skip an ancestry check.
             text = f"{message}\n\nJob {held.job_id}, attempt {plan.number}."
-            commit = commit_all(worktree, text, excludes, True, parent=plan.start_commit)
+            attempt = (plan.number, plan.start_commit)
+            commit, error = commit_attempt(
+                held, worktree, excludes, attempt, plan.agent, text, error
+            )
             summary = marked_at(summary, repository.path, commit)  # citations checked
             edits = brief.step_type != StepType.VERIFY.value and writes  # a reviewer writes none
             if error is None and edits and same_tree(worktree, commit, plan.start_commit):
@@ -259,24 +253,6 @@ def _work_in_worktree(
     finally:
         guard.release_quietly()
     return _AttemptEnd(commit, summary, error, turns, transcript, failure if error else None)
-
-
-def _settle_permissions(held: HeldStep, worktree: Path, agent: AgentDefinition | None) -> None:
-    """Undo changes an `Edit`/`Write` deny forbids; record them and unenforced rules."""
-    events = permission_events(worktree, held.config, agent)
-    if events:
-        with held.db.session() as session:
-            for kind, message in events:
-                add_event(session, held.job_id, kind, message, held.step_key)
-
-
-def _refuse_secrets(held: HeldStep, number: int, hits: list[SecretHit], error: str | None) -> str:
-    """Record where the attempt wrote secrets (never the values); its error."""
-    with held.db.session() as session:
-        for hit in hit_lines(hits):
-            data: AttemptData = {"attempt": number}
-            add_event(session, held.job_id, EventKind.SECRET_IN_DIFF, hit, held.step_key, data)
-    return secret_error(hits) + (f"\n\n{error}" if error else "")
 
 
 def _record_attempt(held: HeldStep, plan: _AttemptPlan, end: _AttemptEnd) -> bool:

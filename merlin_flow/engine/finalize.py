@@ -19,7 +19,7 @@ from merlin_flow.errors import GitError, RemoteUnavailable
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Event, Job, JobStatus, Step
 from merlin_flow.store.events import EventKind
-from merlin_flow.workspace.git import diff
+from merlin_flow.workspace.git import patch_bytes
 from merlin_flow.workspace.repository import JobRepository, repository_of
 from merlin_flow.workspace.worktree_cleanup import clear_job
 
@@ -72,7 +72,7 @@ def finalize_job(db: Database, settings: Settings, job_id: str) -> str | None:
             patch.write_text("")
         else:
             repository.have(job_id, job.base_commit, job.head_commit)
-            patch.write_text(diff(repository.path, job.base_commit, job.head_commit))
+            patch.write_bytes(patch_bytes(repository.path, job.base_commit, job.head_commit))
             # What workers killed on this machine left; other machines' sweeps clear theirs.
             clear_job(settings, job_id, repository.path)
         warnings = session.scalars(

@@ -53,6 +53,9 @@ def review_attempt(
         steps = job.tasklist.get("steps", [])
         flagged = any(s.get("id") == step.key and s.get("spec_check") for s in steps)
         base, commit = step.base_commit or attempt.start_commit, attempt.commit
+        # The specs a step is held to are the job's base's: not what an earlier step of
+        # the job (a model) wrote into them.
+        specs_at = job.base_commit or base
         description, budget, run = step.description, job.budget_usd, attempt.runs
         original = _original_check(session, job, step, attempt) if job.replay_of else None
         replaying = job.replay_of is not None
@@ -60,7 +63,7 @@ def review_attempt(
     if mode is Policy.OFF or not commit:
         return None
     constraints, paths = spec_constraints(
-        repository.path, base, held.config, description, CHECK_CHARS
+        repository.path, specs_at, held.config, description, CHECK_CHARS
     )
     patch = diff(repository.path, base, commit)
     if not constraints or not patch.strip():

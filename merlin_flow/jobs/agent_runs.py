@@ -170,7 +170,7 @@ def preview(
         step.id, step.step_type.value, step.description, step.verification, command,
         role_prompt=agent.prompt,
     )  # fmt: skip
-    brief = with_instructions(_with_constraints(brief, root, config), root)
+    brief = with_instructions(_with_constraints(brief, root, config), root, config)
     system, user = first_messages(brief, None)
     permissions = Permissions(config.permissions)
     offered = [n for n in offered_built_ins(permissions, agent) if n != FINISH]  # always given

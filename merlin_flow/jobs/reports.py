@@ -72,14 +72,14 @@ def junit_xml(view: JobView) -> str:
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder."""
+def write_atomically(path: Path, text: str | bytes) -> None:
+    """Write ``text`` (UTF-8, or bytes as they are) to ``path`` through a temporary file."""
     path = path.expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
+        with os.fdopen(handle, "wb") as out:
+            out.write(text if isinstance(text, bytes) else text.encode("utf-8"))
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -384,9 +384,9 @@ def events_since(db: Database, job_id: str, after_id: int = 0) -> list[EventView
         ]
 
 
-def job_diff(db: Database, settings: Settings, job_id: str) -> str:
-    """The diff of the job's branch so far: base commit to its last verified step."""
-    from merlin_flow.workspace.git import diff
+def job_diff(db: Database, settings: Settings, job_id: str) -> bytes:
+    """The patch of the job's branch so far (git's bytes, binary files included)."""
+    from merlin_flow.workspace.git import patch_bytes
     from merlin_flow.workspace.repository import repository_of
 
     with db.reader() as session:
@@ -396,4 +396,4 @@ def job_diff(db: Database, settings: Settings, job_id: str) -> str:
         location, base, head = job.repo, job.base_commit, job.head_commit
     repository = repository_of(location, settings)
     repository.have(job_id, base, head)
-    return diff(repository.path, base, head)
+    return patch_bytes(repository.path, base, head)

@@ -65,6 +65,9 @@ class EventKind(StrEnum):
     """A change a `[permissions]` deny forbids was undone after the attempt."""
     PERMISSIONS_UNENFORCED = "permissions_unenforced"
     """Without the sandbox, commands could read or change what the rules cover."""
+    NESTED_REPOSITORY_REMOVED = "nested_repository_removed"
+    """An attempt made a git repository inside the worktree: its ``.git`` was removed
+    before the commit, which holds the folder's files (``merlin_flow.workspace.staging``)."""
     SECRET_IN_DIFF = "secret_in_diff"
     """An attempt's changes held a secret (named by file, line and kind, never by value):
     none of them was committed, and the attempt failed."""
@@ -214,6 +217,7 @@ DATA: Mapping[EventKind, type[Any]] = {
     EventKind.ATTEMPT_ERROR: AttemptData,
     EventKind.CONTEXT_CONDENSED: CondensedData,
     EventKind.SECRET_IN_DIFF: AttemptData,
+    EventKind.NESTED_REPOSITORY_REMOVED: AttemptData,
     EventKind.VERIFY_FAILED: ExitCodeData,
     EventKind.INTEGRATION_FAILED: IntegrationFailedData,
     EventKind.STEP_INTEGRATED: IntegratedData,

@@ -37,7 +37,6 @@ as ``src/app.py:90 [citation invalid: line 90 is past the end (42 lines)]``.
 from __future__ import annotations
 
 import re
-import subprocess
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from merlin_flow.errors import GitError
-from merlin_flow.workspace.git import SAFE_GIT_OPTIONS
+from merlin_flow.workspace.git_command import run_git_process
 
 Reader = Callable[[str], str | None]
 """A file's text by its path in the repository, or None when there is no such file."""
@@ -366,9 +365,7 @@ def reader_for_folder(folder: Path) -> Reader:
 
 def _git(repo: Path, *args: str) -> bytes:
     """Git's output as bytes (a file's text may not be UTF-8); GitError on failure."""
-    proc = subprocess.run(
-        ["git", *SAFE_GIT_OPTIONS, *args], cwd=repo, capture_output=True, check=False
-    )
+    proc = run_git_process(args, repo, text=False)
     if proc.returncode != 0:
         error = proc.stderr.decode("utf-8", "replace").strip()
         raise GitError(f"git {' '.join(args)} failed in {repo}: {error}")

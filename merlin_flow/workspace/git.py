@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from merlin_flow.errors import GitError, RepositoryError
+from merlin_flow.workspace.git_command import run_git_process
 from merlin_flow.workspace.git_repair import REPAIR_WAIT, is_debris_error, recover, repair
 
 GIT_IDENTITY = {
@@ -29,36 +30,19 @@ IGNORED_IN_COMMITS = ("__pycache__/", "*.py[co]", ".pytest_cache/", ".mypy_cache
 
 REPAIR_PAUSE = 2.0
 """Seconds between tries of a git command that failed on debris it could not remove yet."""
-SAFE_GIT_OPTIONS = (
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "commit.gpgsign=false",
-)
 
 
 def run_git(
     args: list[str], cwd: Path, env: dict[str, str] | None = None, timeout: float | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run git with merlin's identity, and without hooks, fsmonitor or commit signing.
+    """Run git with merlin's identity, as ``merlin_flow.workspace.git_command`` says.
 
-    A repository or worktree may carry hooks or an fsmonitor command written by a step's
-    commands or by the repository's author: merlin's own git never runs them.
-
-    Past ``timeout`` seconds git is killed and TimeoutExpired raised.
+    No hooks, fsmonitor, signing, recursion into submodules or diff programs, whatever a
+    repository or a worktree configures, and an environment with no secret in it.
+    ``env``: variables of merlin's own, on top. Past ``timeout`` seconds git is killed
+    and TimeoutExpired raised.
     """
-    full_env = {**os.environ, **GIT_IDENTITY, "GIT_TERMINAL_PROMPT": "0", **(env or {})}
-    return subprocess.run(
-        ["git", *SAFE_GIT_OPTIONS, *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=full_env,
-        check=False,
-        timeout=timeout,
-    )
+    return run_git_process(args, cwd, {**GIT_IDENTITY, **(env or {})}, timeout=timeout)
 
 
 def git(*args: str, cwd: Path, check: bool = True, env: dict[str, str] | None = None) -> str:
@@ -89,13 +73,7 @@ def find_repository(path: Path) -> Path:
     path = path.expanduser()
     if not path.is_dir():
         raise RepositoryError(f"repository path does not exist or is not a folder: {path}")
-    proc = subprocess.run(
-        ["git", *SAFE_GIT_OPTIONS, "rev-parse", "--is-inside-work-tree", "--show-toplevel"],
-        cwd=path,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_git_process(["rev-parse", "--is-inside-work-tree", "--show-toplevel"], path)
     lines = proc.stdout.split()
     if "dubious ownership" in proc.stderr:  # a work tree another user owns
         raise RepositoryError(
@@ -182,27 +160,20 @@ def remove_worktree(repo: Path, path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def commit_all(
-    worktree: Path,
-    message: str,
-    excludes_file: Path,
-    staged: bool = False,
-    parent: str | None = None,
-) -> str:
-    """Commit everything in ``worktree`` (an empty commit if nothing changed).
+def commit_all(worktree: Path, message: str, excludes_file: Path) -> str:
+    """Stage everything in ``worktree`` and commit it on HEAD (an empty commit if nothing changed).
 
-    ``staged``: the caller just staged every change with the same excludes (the secret
-    scan does), so ``git add`` is not run again. ``parent``: the commit's one parent,
-    whatever the worktree's HEAD is now (a command in an unconfined step could have
-    moved it); the worktree's HEAD stays where it is. Without it the commit goes on HEAD.
+    For content merlin wrote itself (the demo's repository, tests): an attempt's change
+    is staged by ``merlin_flow.workspace.staging`` and committed with ``commit_tree``.
     """
-    if not staged:
-        git("-c", f"core.excludesFile={excludes_file}", "add", "-A", cwd=worktree)
-    if parent is not None:
-        tree = git("write-tree", cwd=worktree)
-        return git("commit-tree", tree, "-p", parent, "-m", message, cwd=worktree)
+    git("-c", f"core.excludesFile={excludes_file}", "add", "-A", cwd=worktree)
     git("commit", "--allow-empty", "--no-verify", "-q", "-m", message, cwd=worktree)
     return git("rev-parse", "HEAD", cwd=worktree)
+
+
+def commit_tree(repo: Path, tree: str, parent: str, message: str) -> str:
+    """A commit of ``tree`` with the one parent ``parent``; no ref or worktree moves."""
+    return git("commit-tree", tree, "-p", parent, "-m", message, cwd=repo)
 
 
 def same_tree(repo: Path, one: str, other: str) -> bool:
@@ -220,9 +191,25 @@ def write_excludes_file(path: Path) -> Path:
 
 
 def diff(repo: Path, old: str, new: str) -> str:
-    """The patch from ``old`` to ``new``."""
-    patch = git("diff", "--no-color", old, new, cwd=repo)
-    return patch + "\n" if patch else ""
+    """The patch from ``old`` to ``new``, to read: a byte that is not UTF-8 shows as U+FFFD.
+
+    A binary file shows as ``Binary files ... differ``; ``patch_bytes`` is the patch to apply.
+    """
+    return patch_bytes(repo, old, new, binary=False).decode("utf-8", "replace")
+
+
+def patch_bytes(repo: Path, old: str, new: str, binary: bool = True) -> bytes:
+    """The patch from ``old`` to ``new`` exactly as git writes it, binary files included.
+
+    ``git apply`` takes it whole: a binary file as a ``GIT binary patch``, a file in
+    another encoding as its bytes.
+    """
+    exact = ["--binary"] if binary else []
+    proc = run_git_process(["diff", "--no-color", *exact, old, new], repo, text=False)
+    if proc.returncode != 0:
+        error = proc.stderr.decode("utf-8", "replace").strip()
+        raise GitError(f"git diff {old} {new} failed in {repo}: {error}")
+    return proc.stdout
 
 
 def changed_files(repo: Path, old: str, new: str) -> list[str]:

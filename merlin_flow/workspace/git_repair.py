@@ -51,6 +51,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from merlin_flow.workspace.git_command import run_git_process
+
 log = logging.getLogger(__name__)
 
 STALE_SECONDS = 60.0
@@ -73,13 +75,7 @@ _NAMED_LOCK = re.compile(r"Unable to create '([^']*\.lock)': File exists")
 
 def common_dir(repo: Path) -> Path | None:
     """The git directory ``repo`` shares with its worktrees, or None if it has none."""
-    proc = subprocess.run(
-        ["git", "rev-parse", "--path-format=absolute", "--git-common-dir"],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_git_process(["rev-parse", "--path-format=absolute", "--git-common-dir"], repo)
     path = proc.stdout.strip()
     return Path(path) if proc.returncode == 0 and path else None
 
@@ -368,17 +364,8 @@ def _reclone(cache: Path, url: str) -> bool:
 def _git(
     args: list[str], cwd: Path, timeout: float = REMOTE_TIMEOUT
 ) -> subprocess.CompletedProcess[str]:
-    """Git without hooks, never prompting, killed past ``timeout`` (then exit 128)."""
-    options = ["-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false"]
+    """Git as merlin runs it (``git_command``), never prompting, killed past ``timeout``."""
     try:
-        return subprocess.run(
-            ["git", *options, *args],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            env={**os.environ, **REMOTE_ENV},
-            check=False,
-            timeout=timeout,
-        )
+        return run_git_process(args, cwd, REMOTE_ENV, timeout=timeout)
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(args, 128, "", f"timed out after {timeout:g} s")

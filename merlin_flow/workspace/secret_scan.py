@@ -10,15 +10,15 @@ looked at twice (and every file name for the first):
   (:data:`FORMAT_DETECTORS`), except in the paths ``[secrets] allow`` names.
 
 A hit names the file, the line and the variable or the format; never the value.
-:func:`keep_secrets_out` then discards every change of the attempt, so its commit is
-empty: nothing the attempt wrote reaches the branch, the patch or a pull request.
+``merlin_flow.workspace.staging`` then discards every change of the attempt, so its
+commit is empty: nothing the attempt wrote reaches the branch, the patch, a pull request
+or the repository's object store (the change is scanned in a quarantine).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,7 +27,7 @@ from pathlib import Path
 from merlin_flow.errors import GitError
 from merlin_flow.store.redaction import REDACTED, secret_values, url_credentials
 from merlin_flow.tool_config import is_secret_name, path_glob
-from merlin_flow.workspace.git import SAFE_GIT_OPTIONS
+from merlin_flow.workspace.git_command import run_git_process
 
 FORMAT_DETECTORS = (
     "ArtifactoryDetector",
@@ -104,47 +104,23 @@ class SecretHit:
         return f"{self.path}:{self.line}: {self.what}"
 
 
-def keep_secrets_out(
-    worktree: Path,
-    excludes_file: Path,
-    allow: Sequence[str],
-    environ: Mapping[str, str] | None = None,
-    base: str = "HEAD",
-) -> list[SecretHit]:
-    """Stage every change in ``worktree`` since ``base`` and scan it; on a hit, discard them.
-
-    ``base``: the attempt's start. Not ``HEAD``: a command that was not confined could
-    have committed in the worktree, and what it committed is part of the attempt's change.
-    Returns the hits. With hits, the worktree is back at ``base`` (tracked files reset,
-    untracked ones removed, ignored ones kept), so committing it commits nothing.
-    """
-    _stage(worktree, excludes_file)
-    hits = scan_staged(worktree, allow, environ, base)
-    if hits:
-        _git(worktree, "reset", "-q", "--hard", base)
-        _git(worktree, "-c", f"core.excludesFile={excludes_file}", "clean", "-ffdq")
-        _stage(worktree, excludes_file)
-        if _git(worktree, "diff", "--cached", "--name-only", "--no-renames", base):
-            raise GitError(f"changes holding a secret could not be discarded in {worktree}")
-    return hits
-
-
 def scan_staged(
     worktree: Path,
     allow: Sequence[str],
     environ: Mapping[str, str] | None = None,
     base: str = "HEAD",
+    env: Mapping[str, str] | None = None,
 ) -> list[SecretHit]:
     """The secrets in the changes staged in ``worktree`` since ``base``: names, then lines.
 
     ``allow``: path globs (``[secrets] allow``) whose lines are not scanned for key
     formats. ``environ`` (default ``os.environ``) holds the worker's secrets, which are
-    looked for everywhere.
+    looked for everywhere. ``env``: git's variables for the index and objects to read (a
+    quarantine's, ``merlin_flow.workspace.staging``).
     """
     own = _own_secrets(environ)
-    names = _git(
-        worktree, "diff", "--cached", "--name-only", "-z", *_PLAIN, "--diff-filter=d", base
-    )
+    args = ("diff", "--cached", "--name-only", "-z", *_PLAIN, "--diff-filter=d", base)
+    names = _git(worktree, *args, env=env)
     hits = [
         SecretHit(_redacted(name.decode("utf-8", "replace"), own), 0, what)
         for name in names.split(b"\0")
@@ -152,7 +128,8 @@ def scan_staged(
     ]
     if not names.strip(b"\0"):  # nothing added, changed or renamed: no line was added
         return hits
-    patch = _git(worktree, "diff", "--cached", "-U0", "--text", *_PLAIN, "--submodule=short", base)
+    args = ("diff", "--cached", "-U0", "--text", *_PLAIN, "--submodule=short", base)
+    patch = _git(worktree, *args, env=env)
     globs = [path_glob(pattern) for pattern in allow]
     allowed: dict[str, bool] = {}
     found: list[tuple[int, SecretHit]] = []
@@ -285,22 +262,12 @@ def _unquote(quoted: bytes) -> bytes:
     return _ESCAPE.sub(one, quoted[1:-1])
 
 
-def _stage(worktree: Path, excludes_file: Path) -> None:
-    _git(worktree, "-c", f"core.excludesFile={excludes_file}", "add", "-A")
-
-
-def _git(worktree: Path, *args: str) -> bytes:
-    """Run git in ``worktree`` as merlin's git runs (no hooks, no fsmonitor); its stdout.
+def _git(worktree: Path, *args: str, env: Mapping[str, str] | None = None) -> bytes:
+    """Run git in ``worktree`` as merlin's git runs (``git_command``); its stdout.
 
     Bytes, not text: a changed file need not be UTF-8.
     """
-    proc = subprocess.run(
-        ["git", *SAFE_GIT_OPTIONS, *args],
-        cwd=worktree,
-        capture_output=True,
-        env={**os.environ, "GIT_TERMINAL_PROMPT": "0"},
-        check=False,
-    )
+    proc = run_git_process(args, worktree, env, text=False)
     if proc.returncode != 0:
         error = proc.stderr.decode("utf-8", "replace").strip()
         raise GitError(f"git {' '.join(args)} failed in {worktree}: {error}")

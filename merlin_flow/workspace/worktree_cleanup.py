@@ -22,9 +22,12 @@ of ended jobs on its machine (``clear_ended``), whichever machine finalized them
   (a global prune would drop the user's worktrees on an unmounted disk).
 - One job's failure is logged, and tried again at the next sweep; the others go on.
 
-Environment builds check the project out in ``worktrees_dir/_setup`` and remove the
-checkout when they end; a builder killed mid-build leaves it. Each sweep removes those
-no build holds the lock of (``clear_setups``): the kernel dropped the killed builder's.
+Environment builds check the project out in ``worktrees_dir/_setup`` (and the build of
+a step's own dependency change copies the package caches beside it, ``<checkout>.cache``)
+and remove both when they end; a builder killed mid-build leaves them. Each sweep removes
+those no build holds the lock of (``clear_setups``): the kernel dropped the killed
+builder's. An attempt's quarantine (``merlin_flow.workspace.staging``), left by a worker
+killed while it staged, lies in its job's folder and goes with it.
 """
 
 from __future__ import annotations

@@ -50,6 +50,15 @@ printf '#!/bin/sh\\ntouch HOOK_MARKER\\n' > "$gitdir/../../hooks/post-commit" 2>
 printf '#!/bin/sh\\ntouch HOOK_MARKER\\n' > "CHECKOUT/.git/hooks/post-commit" 2>/dev/null \\
   && echo tried-hook-in-checkout
 echo "gitdir: CHECKOUT/.git" > .git 2>/dev/null && echo ESCAPED-git-pointer
+if [ ! -e nested/.git ]; then  # a repository inside the worktree, its settings run programs
+  mkdir -p nested && git init -q nested && echo one > nested/f.txt
+  git -C nested config core.fsmonitor 'env > NESTED_MARKER; false'
+  git -C nested config filter.evil.clean 'sh -c "env > NESTED_MARKER; cat"'
+  echo '* filter=evil' > nested/.gitattributes
+  git -C nested -c core.fsmonitor=false -c filter.evil.clean=cat add -A
+  git -C nested -c core.fsmonitor=false -c filter.evil.clean=cat -c user.name=m \\
+    -c user.email=m@m commit -qm x && echo two > nested/f.txt && echo tried-nested-repository
+fi
 echo contained > attack-report.txt  # the step's work (an unchanged tree is not verified)
 echo attack-finished
 """
@@ -78,6 +87,7 @@ def test_step_commands_cannot_escape_the_sandbox(tmp_path: Path) -> None:
     host_home.mkdir()
     host_tmp_name = f"merlin-escape-{uuid.uuid4().hex}"
     hook_marker = tmp_path / "hook-ran"
+    nested_marker = tmp_path / "nested-repository-ran"
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     checkout = tmp_path / "checkout"
     attack = ATTACK
@@ -89,6 +99,7 @@ def test_step_commands_cannot_escape_the_sandbox(tmp_path: Path) -> None:
         "API_KEY": API_KEY,
         "VICTIM_PID": str(victim.pid),
         "HOOK_MARKER": str(hook_marker),
+        "NESTED_MARKER": str(nested_marker),
     }.items():
         attack = attack.replace(name, value)
     make_repo(checkout, {"attack.sh": attack, "README.md": "# target\n"})
@@ -121,6 +132,13 @@ def test_step_commands_cannot_escape_the_sandbox(tmp_path: Path) -> None:
         assert not (checkout / "pwned").exists()
         assert not (checkout / ".git" / "hooks" / "post-commit").exists()
         assert not hook_marker.exists()
+        assert "tried-nested-repository" in logs
+        assert not nested_marker.exists(), "merlin's git ran a nested repository's program"
+        tree = subprocess.run(
+            ["git", "ls-tree", "-r", view["branch"]], cwd=checkout, capture_output=True, text=True
+        ).stdout
+        assert "nested/f.txt" in tree
+        assert "160000" not in tree  # committed as files, never as a gitlink
 
         # No secret is stored: not in the database, not in `merlin logs`.
         assert API_KEY not in logs

@@ -459,6 +459,28 @@ def test_instruction_text_leaves_out_a_bad_import_with_a_note(
     assert SECRET not in text
 
 
+def test_instruction_text_imports_nothing_permissions_hide_from_the_agent(
+    tmp_path: Path,
+) -> None:
+    """`Read(./secrets/**)`: `@secrets/key.txt` in AGENTS.md carries no key into the prompt."""
+    from merlin_flow.tool_config import PermissionRules
+    from merlin_flow.tools.permissions import Permissions
+
+    write(tmp_path, {"repo/secrets/key.txt": SECRET, "repo/docs/ok.md": "Fine.\n"})
+    write(tmp_path, {"repo/AGENTS.md": "Before.\n@secrets/key.txt\n@docs/ok.md\nAfter.\n"})
+    root = tmp_path / "repo"
+    rules = Permissions(PermissionRules(deny=["Read(./secrets/**)"]), root=root)
+    text = instruction_text(root, rules.path_readable)
+    assert SECRET not in text
+    assert (
+        "(@secrets/key.txt left out: @secrets/key.txt: [permissions] hide secrets/key.txt" in text
+    )
+    assert "Fine.\n" in text
+    assert SECRET in instruction_text(root)  # without the rules, as before
+    hidden = Permissions(PermissionRules(deny=["Read(./AGENTS.md)"]), root=root)
+    assert instruction_text(root, hidden.path_readable).startswith("(AGENTS.md left out:")
+
+
 def test_instruction_text_is_capped_with_a_note(tmp_path: Path) -> None:
     write(tmp_path, {"AGENTS.md": "x" * (INSTRUCTION_LIMIT + 500)})
     text = instruction_text(tmp_path)

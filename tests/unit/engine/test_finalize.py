@@ -43,7 +43,8 @@ def test_a_finished_job_is_closed_once_with_its_patch(
         assert job.patch_path is not None
     patch = Path(job.patch_path).read_text()
     assert "+    return 42" in patch
-    assert patch == git(py_repo, "diff", job.base_commit, f"merlin/{job_id}") + "\n"
+    # git's own bytes, binary files included (`git apply` takes it as it is)
+    assert patch == git(py_repo, "diff", "--binary", job.base_commit, f"merlin/{job_id}") + "\n"
     assert (Path(job.patch_path).parent / "summary.md").is_file()
     assert finalize_job(db, settings, "no-such-job") is None
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from merlin_flow.config import MerlinConfig, Specs, Tier
+from merlin_flow.config import Limits, MerlinConfig, Specs, Tier
 from merlin_flow.engine.attempt import execute_step
 from merlin_flow.engine.dispatch import Outcome
 from merlin_flow.engine.finalize import finalize_job
@@ -205,3 +205,51 @@ def test_a_replay_takes_the_spec_checks_answers_from_its_original(
     with db.reader() as session:
         live = session.scalars(select(LlmCall).where(LlmCall.job_id == replay_id)).all()
     assert all(call.replayed for call in live)  # nothing went live, the check included
+
+
+def test_a_step_is_held_to_the_jobs_base_specs_not_what_an_earlier_step_wrote(
+    db: Database, settings: Settings, tmp_path: Path
+) -> None:
+    """A model's first step empties the spec; the second breaks its invariant: it fails."""
+    agent = """\
+rules:
+  - match: 'Step weaken \\('
+    turn: 0
+    reply:
+      tool_calls:
+        - name: write_file
+          arguments: {path: specs/answer.md, content: "# Answer\\n"}
+  - match: 'Step break \\('
+    turn: 0
+    reply:
+      tool_calls:
+        - name: edit_file
+          arguments: {path: app.py, old: "return 41", new: "return -42"}
+  - reply: {content: done}
+"""
+    repo = make_repo(
+        tmp_path / "repo", {"app.py": "def answer():\n    return 41\n", "specs/answer.md": SPEC}
+    )
+    (tmp_path / "agent.yaml").write_text(agent)
+    (tmp_path / "checker.yaml").write_text(CHECKER)
+    config = MerlinConfig(
+        tiers=[
+            Tier(name="local", model=f"scripted/{tmp_path / 'agent.yaml'}"),
+            Tier(name="checker", model=f"scripted/{tmp_path / 'checker.yaml'}"),
+        ],
+        exit_commands={"Debug": "true"},
+        specs=Specs(check="enforce", check_tier="checker"),
+        limits=Limits(fix_attempts=0),
+    )
+    steps = [
+        {"id": "weaken", "step_type": "Debug", "description": "tidy the answer spec"},
+        {"id": "break", "step_type": "Debug", "description": "answer", "depends_on": ["weaken"]},
+    ]
+    job_id = create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), repo, config)
+    for key in ("weaken", "break"):
+        execute_step(db, settings, job_id, key, f"{key}:a")
+        verify_step(db, settings, job_id, key, f"{key}:b")
+    steps_by_key = {s["id"]: s for s in job_view(db, job_id)["steps"]}
+    assert steps_by_key["weaken"]["status"] == "Completed"
+    assert steps_by_key["break"]["attempts"][0]["status"] == "failed"
+    assert [e.step_key for e in _events(db, job_id, "spec_violation")] == ["break"]

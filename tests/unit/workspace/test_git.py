@@ -17,12 +17,14 @@ from merlin_flow.workspace.git import (
     attempt_ref,
     changed_files,
     commit_all,
+    commit_tree,
     commits_between,
     create_branch,
     diff,
     find_repository,
     head_commit,
     job_branch,
+    patch_bytes,
     remove_worktree,
     resolve_ref,
     set_ref,
@@ -298,9 +300,8 @@ def test_a_commit_given_its_parent_has_that_parent_wherever_head_went(
     git(worktree, "commit", "-qm", "a commit made inside the worktree")  # HEAD moved
     moved = git(worktree, "rev-parse", "HEAD")
     (worktree / "more.py").write_text("y = 2\n")
-    commit = commit_all(
-        worktree, "step a\n\nJob j.", write_excludes_file(tmp_path / "ex"), parent=start
-    )
+    git(worktree, "add", "-A")
+    commit = commit_tree(worktree, git(worktree, "write-tree"), start, "step a\n\nJob j.")
     assert git(py_repo, "rev-parse", f"{commit}^@") == start  # one parent: the start
     assert git(worktree, "rev-parse", "HEAD") == moved  # HEAD stays
     assert sorted(changed_files(py_repo, start, commit)) == ["more.py", "new.py"]
@@ -391,3 +392,24 @@ def test_a_worktree_left_locked_by_a_killed_git_is_removed(py_repo: Path, tmp_pa
     shutil.rmtree(path)
     remove_worktree(py_repo, path)
     assert str(path) not in git(py_repo, "worktree", "list")
+
+
+def test_a_patch_with_a_binary_file_and_another_encoding_applies(
+    py_repo: Path, tmp_path: Path
+) -> None:
+    """The job's patch file is git's exact bytes: `git apply` takes a binary file and latin-1."""
+    start = head_commit(py_repo)
+    worktree = add_worktree(py_repo, tmp_path / "wt", start)
+    (worktree / "logo.png").write_bytes(bytes(range(256)) * 4)
+    (worktree / "latin1.txt").write_bytes("café\n".encode("latin-1"))
+    commit = commit_all(worktree, "binary", write_excludes_file(tmp_path / "ex"))
+    patch = tmp_path / "job.patch"
+    patch.write_bytes(patch_bytes(py_repo, start, commit))
+    assert "Binary files" in diff(py_repo, start, commit)  # shown to people as such
+    assert "caf\ufffd" in diff(py_repo, start, commit)
+    target = add_worktree(py_repo, tmp_path / "target", start)
+    git(target, "apply", "--index", str(patch))
+    assert (target / "logo.png").read_bytes() == bytes(range(256)) * 4
+    assert (target / "latin1.txt").read_bytes() == "café\n".encode("latin-1")
+    remove_worktree(py_repo, worktree)
+    remove_worktree(py_repo, target)

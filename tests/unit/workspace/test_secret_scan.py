@@ -7,14 +7,12 @@ from pathlib import Path
 import pytest
 
 from merlin_flow.errors import GitError
-from merlin_flow.workspace.git import write_excludes_file
 from merlin_flow.workspace.secret_scan import (
     FORMAT_DETECTORS,
     NEVER_WRITE,
     SecretHit,
     added_lines,
     hit_lines,
-    keep_secrets_out,
     scan_staged,
     secret_error,
 )
@@ -106,7 +104,7 @@ def test_a_change_that_adds_no_file_is_not_diffed_line_by_line(
     asked: list[tuple[str, ...]] = []
     real = secret_scan._git
     monkeypatch.setattr(
-        secret_scan, "_git", lambda wt, *args: asked.append(args) or real(wt, *args)
+        secret_scan, "_git", lambda wt, *args, **kw: asked.append(args) or real(wt, *args, **kw)
     )
     assert _scan(repo) == []  # nothing staged
     (repo / "old.py").unlink()
@@ -183,50 +181,6 @@ def test_added_lines_numbers_each_hunk_from_its_header() -> None:
         b"diff --git a/g b/g\ndeleted file mode 100644\n--- a/g\n+++ /dev/null\n@@ -1 +0,0 @@\n-g\n"
     )
     assert list(added_lines(patch)) == [("f", 3, b"x"), ("f", 4, b"y"), ("f", 11, b"new")]
-
-
-def test_a_hit_discards_every_change_and_the_commit_holds_nothing(tmp_path: Path) -> None:
-    repo = _repo(tmp_path)
-    excludes = write_excludes_file(tmp_path / "excludes")
-    (repo / "app.py").write_text("a = 10\n")
-    (repo / "new").mkdir()
-    (repo / "new" / "notes.txt").write_text(f"{OPENAI}\n")
-    (repo / "__pycache__").mkdir()
-    (repo / "__pycache__" / "app.pyc").write_bytes(b"cache")
-    hits = keep_secrets_out(repo, excludes, [], ENV)
-    assert [str(hit) for hit in hits] == ["new/notes.txt:1: the value of OPENAI_API_KEY"]
-    assert (repo / "app.py").read_text() == "a = 1\nb = 2\nc = 3\n"
-    assert not (repo / "new").exists()
-    assert (repo / "__pycache__" / "app.pyc").exists()  # ignored in commits: left alone
-    assert git(repo, "-c", f"core.excludesFile={excludes}", "status", "--porcelain") == ""
-
-
-def test_what_a_command_committed_in_the_worktree_is_scanned_from_the_start(
-    tmp_path: Path,
-) -> None:
-    """An unconfined command may commit: the change is everything since the attempt's start."""
-    repo = _repo(tmp_path)
-    start = git(repo, "rev-parse", "HEAD")
-    excludes = write_excludes_file(tmp_path / "excludes")
-    (repo / "keys.py").write_text(f'KEY = "{AWS}"\n')
-    git(repo, "add", "keys.py")
-    git(repo, "commit", "-qm", "a commit the attempt made itself")
-    (repo / "app.py").write_text("a = 10\n")
-    assert keep_secrets_out(repo, excludes, [], ENV) == []  # since HEAD: only app.py
-    hits = keep_secrets_out(repo, excludes, [], ENV, base=start)
-    assert [str(hit) for hit in hits] == ["keys.py:1: an AWS Access Key"]
-    assert git(repo, "rev-parse", "HEAD") == start  # back at the start: nothing to commit
-    assert not (repo / "keys.py").exists()
-    assert git(repo, "status", "--porcelain") == ""
-
-
-def test_without_a_hit_the_changes_stay_staged(tmp_path: Path) -> None:
-    repo = _repo(tmp_path)
-    excludes = write_excludes_file(tmp_path / "excludes")
-    (repo / "app.py").write_text("a = 10\n")
-    (repo / "new.txt").write_text("fine\n")
-    assert keep_secrets_out(repo, excludes, [], ENV) == []
-    assert git(repo, "diff", "--cached", "--name-only").splitlines() == ["app.py", "new.txt"]
 
 
 def test_a_git_failure_is_a_git_error(tmp_path: Path) -> None:

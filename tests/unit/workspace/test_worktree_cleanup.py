@@ -304,3 +304,21 @@ def test_a_killed_builds_setup_checkout_goes_and_a_running_ones_stays(
     assert [Path(path).name for path in registered(py_repo)] == [running.name]
     assert clear_setups(settings) == [running]  # its build is over too now
     assert registered(py_repo) == []
+
+
+def test_a_killed_workers_quarantine_goes_with_its_jobs_folder(
+    db: Database, settings: Settings, py_repo: Path, tmp_path: Path
+) -> None:
+    """A worker killed while it staged an attempt leaves its quarantine (objects, an index)."""
+    from merlin_flow.workspace.staging import quarantine
+
+    job_id = scripted_job(db, settings, py_repo, tmp_path)
+    worktree = killed_attempt(py_repo, settings, job_id)
+    held = quarantine(worktree)
+    folder = Path(held.__enter__()["GIT_OBJECT_DIRECTORY"]).parent  # never left: killed
+    (folder / "objects" / "ab").mkdir()
+    (folder / "objects" / "ab" / "cdef").write_bytes(b"an attempt's blob")
+    finish(db, job_id)
+    assert clear_ended(db, settings) == [job_id]
+    assert not folder.exists()
+    assert not worktree.parent.exists()
