@@ -34,6 +34,7 @@ from merlin_flow.tools.mcp import open_mcp_tools
 from merlin_flow.tools.permissions import Permissions
 from merlin_flow.tools.schemas import FINISH, TOOL_SCHEMAS
 from merlin_flow.tools.toolbox import Toolbox
+from merlin_flow.workspace.beneath import Top, unlink_beneath
 from merlin_flow.workspace.checkout import Checkout, confine
 from merlin_flow.workspace.git import git, uncommitted_files
 from merlin_flow.workspace.sandbox import unenforceable
@@ -61,14 +62,17 @@ def with_map(brief: StepBrief, tier: Tier, toolbox: Toolbox) -> StepBrief:
     return dataclasses.replace(brief, repo_map=step_map(brief.description, tier, toolbox))
 
 
-def with_instructions(brief: StepBrief, worktree: Path) -> StepBrief:
-    """``brief`` with the repository's instruction file, as the attempt's worktree has it."""
+def with_instructions(brief: StepBrief, worktree: Path, config: MerlinConfig) -> StepBrief:
+    """``brief`` with the repository's instruction file, as the attempt's worktree has it.
+
+    Held to `[permissions]`: no file a `Read` rule hides from the agent is imported.
+    """
     name = instruction_file(worktree)
     if name is None:
         return brief
-    return dataclasses.replace(
-        brief, instructions=instruction_text(worktree), instructions_file=name
-    )
+    readable = Permissions(config.permissions, root=worktree).path_readable
+    text = instruction_text(worktree, readable)
+    return dataclasses.replace(brief, instructions=text, instructions_file=name)
 
 
 def allowlisted(name: str, allowlist: Sequence[str] | None) -> bool:
@@ -148,18 +152,20 @@ def drop_denied_writes(worktree: Path, config: MerlinConfig) -> list[tuple[str, 
     """Undo the attempt's changes to paths an `Edit`/`Write` deny covers; (path, why) each.
 
     A changed file goes back to the attempt's start (``HEAD`` of the worktree); a new
-    one is removed.
+    one is removed beneath the worktree's descriptor (``unlink_beneath``: a symlinked
+    folder never leads the removal out of it).
     """
     rules = config.permissions
     if not (rules.deny or rules.ask or rules.default == "deny"):
         return []
     dropped = Permissions(rules, root=worktree).denied_writes(uncommitted_files(worktree))
-    for path, _why in dropped:
-        tracked = git("ls-files", "--error-unmatch", "--", path, cwd=worktree, check=False)
-        if tracked.strip():
-            git("checkout", "HEAD", "--", path, cwd=worktree)
-        else:
-            (worktree / path).unlink(missing_ok=True)
+    with Top(worktree) as top:
+        for path, _why in dropped:
+            tracked = git("ls-files", "--error-unmatch", "--", path, cwd=worktree, check=False)
+            if tracked.strip():
+                git("checkout", "HEAD", "--", path, cwd=worktree)
+            else:
+                unlink_beneath(top, path)
     return dropped
 
 

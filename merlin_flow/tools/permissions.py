@@ -32,6 +32,7 @@ git directory, masked paths.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -46,8 +47,8 @@ ASK_NOTE = "(nobody can answer in a job, so it is refused)"
 class Permissions:
     """The rules of one step, asked before each tool call and each command.
 
-    ``root`` (the worktree) lets path checks see where a symlink leads, as the tools do
-    when they resolve a path; without it paths are judged as written.
+    ``root`` (the worktree) lets path checks see where a symlink leads, as the tools' walk
+    follows it; without it paths are judged as written.
     """
 
     def __init__(self, rules: PermissionRules, root: Path | None = None) -> None:
@@ -178,16 +179,18 @@ class Permissions:
         """``path`` as rules see it (relative, posix, "" for the root), and its target.
 
         The target is where it leads when ``root`` is known and a symlink takes it
-        elsewhere inside the worktree.
+        elsewhere inside the worktree; a path with none (a symlink loop) is judged as
+        written. The toolbox asks again with the path its walk opens, when it differs.
         """
         lexical = posixpath.normpath(path or ".")
         if self.root and posixpath.isabs(lexical) and Path(lexical).is_relative_to(self.root):
             lexical = posixpath.relpath(lexical, self.root)
         found = [lexical]
         if self.root is not None and "\x00" not in path:
-            target = (self.root / path).resolve()
-            if target.is_relative_to(self.root):
-                found.append(target.relative_to(self.root).as_posix())
+            with contextlib.suppress(OSError, RuntimeError):  # RuntimeError: a symlink loop
+                target = (self.root / path).resolve()
+                if target.is_relative_to(self.root):
+                    found.append(target.relative_to(self.root).as_posix())
         return list(dict.fromkeys("" if p == "." else p for p in found))
 
     def _refusing(self) -> list[Rule]:

@@ -1,14 +1,18 @@
 """The agent's tools, confined to one worktree (described in ``merlin_flow.tools.schemas``).
 
-Every path argument is resolved (symlinks included) and must stay inside the worktree;
-the repository's ``.git`` entry is off limits too. A refused or failing call returns an
-``error: ...`` string to the model: a tool never raises into the agent loop.
+No path is opened by its name: each is walked a name at a time from the worktree's
+descriptor (``merlin_flow.workspace.beneath``), so a process swapping a folder for a
+symlink mid-call cannot lead a tool out. Symlinks are followed while they stay inside.
+Where a path leads is judged before it is opened (the ``gate`` is asked again when it
+is not the path given). No file tool enters a ``.git`` folder at any depth (a nested
+repository merlin's git would honour); walks skip them. A refused or failing call
+returns an ``error: ...`` string: a tool never raises into the agent loop.
 
 The toolbox works in a ``Checkout`` (``merlin_flow.workspace.checkout``): its files are
 the checkout's worktree, and ``run_command`` runs a shell command in the checkout's
 sandbox: the worktree at ``/workspace``, the project's environment first on PATH, no
-network, no home and no secret, killed whole at its timeout. ``finish`` ends the attempt: the loop
-(``merlin_flow.agents.loop``) acts on it, the toolbox only answers "finished".
+network, no home and no secret, killed whole at its timeout. ``finish`` ends the attempt:
+the loop (``merlin_flow.agents.loop``) acts on it, the toolbox only answers "finished".
 
 Seams for what plugs in from elsewhere: a ``gate`` sees every call (name and parsed
 arguments) before it runs and may refuse it; ``readable`` hides files from ``grep`` and
@@ -24,15 +28,20 @@ would pass ``MAX_WRITE_BYTES`` (or ``[sandbox] max_file_size_mb``) is refused be
 touches the file, text that is not valid Unicode (a lone surrogate such as ``\udcff``)
 is refused, and a file is encoded before it is opened (a refused write never truncates
 it); NUL bytes are written faithfully. ``read_file``, ``edit_file`` and ``grep`` read
-no file over ``MAX_FILE_BYTES``.
+no file over ``MAX_FILE_BYTES``. A path too deep, too long or through a symlink loop is
+answered so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import functools
 import json
+import os
+import posixpath
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,6 +50,8 @@ from merlin_flow.tools.memo import DEFAULT_WINDOW, ReadMemo
 from merlin_flow.tools.schemas import FINISH as FINISH  # re-exported: the loop acts on it
 from merlin_flow.tools.schemas import TOOL_SCHEMAS as TOOL_SCHEMAS  # re-exported
 from merlin_flow.tools.views import RangeError, closest, line_number, numbered_range, occurrences
+from merlin_flow.workspace import beneath
+from merlin_flow.workspace.beneath import Opened, Top, overwrite, read_at_most, shown_files
 from merlin_flow.workspace.checkout import Checkout
 
 MAX_READ_CHARS = 100_000
@@ -61,6 +72,11 @@ READ_ONLY_TOOLS = ("read_file", "list_files", "grep")
 """The tools of a question's agent: it reads, lists and greps, and changes nothing."""
 FINISHED = "finished"
 """The toolbox's answer to a well-formed ``finish`` call."""
+WRITING = ("write_file", "edit_file")
+GIT_WRITES = (
+    "merlin keeps files, not nested git repositories: paths inside a .git folder cannot be "
+    "written (use /tmp for scratch repositories)"
+)
 
 Gate = Callable[[str, dict[str, Any]], str | None]
 """Called with a tool's name and parsed arguments before it runs; a text refuses it."""
@@ -197,19 +213,14 @@ class Toolbox:
             return f"error: a tool name is a string; available: {', '.join(self.names)}"
         tool = self._tools.get(name)
         if tool is None and name not in self._extra:
-            shown = name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
-            return f"error: unknown tool {shown!r}; available: {', '.join(self.names)}"
+            return f"error: unknown tool {_cut(name)!r}; available: {', '.join(self.names)}"
         try:
             args = parse_arguments(name, arguments)
         except ToolRefused as exc:
             return f"error: {exc}"
-        if self.gate is not None and name != FINISH:
-            try:
-                refusal = self.gate(name, args)
-            except Exception as exc:  # a broken check refuses: it never lets a call through
-                refusal = f"{name} refused: the permission check failed: {exc}"
-            if refusal is not None:
-                return f"error: {refusal}"
+        refusal = self._ask(name, args) if name != FINISH else None
+        if refusal is not None:
+            return f"error: {refusal}"
         if tool is None:
             try:
                 return self._extra[name].call(args)
@@ -227,28 +238,13 @@ class Toolbox:
         except (OSError, re.error) as exc:
             return f"error: {name} failed: {exc}"
 
-    def resolve(self, path: str) -> Path:
-        """The absolute path for ``path``; ToolRefused if it leaves the worktree."""
-        if not isinstance(path, str) or "\x00" in path:
-            raise ToolRefused("path must be a string")
-        target = (self.root / path).resolve()
-        if target != self.root and not target.is_relative_to(self.root):
-            raise ToolRefused(f"path {path!r} is outside the repository")
-        relative = target.relative_to(self.root)
-        if relative.parts and relative.parts[0] == ".git":
-            raise ToolRefused(f"path {path!r} is inside .git, which tools may not touch")
-        return target
-
     def read_file(
         self, path: str, start_line: int | None = None, end_line: int | None = None
     ) -> str:
         """The file's text (truncated past MAX_READ_CHARS), or numbered lines of a range."""
-        target = self.resolve(path)
-        if not target.is_file():
-            raise ToolRefused(f"{path!r} is not a file")
         first, last = line_number(start_line, "start_line"), line_number(end_line, "end_line")
-        text = self._read_text(target, path)
-        rel = self._rel(target)
+        with self._opened("read_file", path, os.O_RDONLY) as (_, opened):
+            text, rel = self._read_text(opened.fd, path), opened.rel
         if first is None and last is None:
             reply, part = text, ""
             if len(text) > self.read_chars:  # a window of it, numbered, that says so
@@ -263,87 +259,72 @@ class Toolbox:
 
     def write_file(self, path: str, content: str) -> str:
         """Write ``content`` to the file, creating folders as needed."""
-        target = self.resolve(path)
-        if target == self.root or target.is_dir():
-            raise ToolRefused(f"{path!r} is a folder")
         if not isinstance(content, str):
             raise TypeError("content must be a string")
         data = self._writable(encoded(content, "content"), path)
-        if target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data:
-            return f"unchanged: {self._rel(target)} already holds this content; nothing written"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        self._memo.forget(self._rel(target))
-        return f"wrote {len(content)} characters to {self._rel(target)}"
+        with self._opened("write_file", path, os.O_RDWR, create=True) as (_, opened):
+            same = not opened.created and os.fstat(opened.fd).st_size == len(data)
+            if same and read_at_most(opened.fd, len(data)) == data:
+                return f"unchanged: {opened.rel} already holds this content; nothing written"
+            overwrite(opened.fd, data)
+        self._memo.forget(opened.rel)
+        return f"wrote {len(content)} characters to {opened.rel}"
 
     def edit_file(self, path: str, old: str, new: str) -> str:
         """Replace the single exact occurrence of ``old`` with ``new``."""
-        target = self.resolve(path)
-        if not target.is_file():
-            raise ToolRefused(f"{path!r} is not a file")
         if not isinstance(old, str) or not isinstance(new, str):
             raise TypeError("old and new must be strings")
         encoded(old, "old"), encoded(new, "new")
-        text = self._read_text(target, path)
-        count = text.count(old) if old else 0
-        if count == 0:
-            hint = f"; {closest(text.splitlines(), old)}" if old else ""
-            raise ToolRefused(f"`old` must occur exactly once in {path!r}; not found{hint}")
-        if count > 1:
-            at = occurrences(text, old)
-            raise ToolRefused(
-                f"`old` must occur exactly once in {path!r}; found {count} times, at lines "
-                f"{at}: add neighbouring lines to `old` to pick one"
-            )
-        if new == old:
-            return f"unchanged: `new` is the same as `old`; {self._rel(target)} not edited"
-        target.write_bytes(self._writable(text.replace(old, new, 1).encode("utf-8"), path))
-        self._memo.forget(self._rel(target))
-        return f"edited {self._rel(target)}"
+        with self._opened("edit_file", path, os.O_RDWR) as (_, opened):
+            text = self._read_text(opened.fd, path)
+            count = text.count(old) if old else 0
+            if count == 0:
+                hint = f"; {closest(text.splitlines(), old)}" if old else ""
+                raise ToolRefused(f"`old` must occur exactly once in {path!r}; not found{hint}")
+            if count > 1:
+                at = occurrences(text, old)
+                raise ToolRefused(
+                    f"`old` must occur exactly once in {path!r}; found {count} times, at lines "
+                    f"{at}: add neighbouring lines to `old` to pick one"
+                )
+            if new == old:
+                return f"unchanged: `new` is the same as `old`; {opened.rel} not edited"
+            overwrite(opened.fd, self._writable(text.replace(old, new, 1).encode(), path))
+        self._memo.forget(opened.rel)
+        return f"edited {opened.rel}"
 
     def list_files(self, path: str = ".", pattern: str | None = None) -> str:
         """List the files below ``path``, relative to the root, sorted."""
-        base = self.resolve(path)
-        if not base.is_dir():
-            raise ToolRefused(f"{path!r} is not a folder")
         entries = []
-        for item in sorted(self._walk(base)):
-            rel = self._rel(item)
-            if pattern and not (
-                fnmatch.fnmatch(rel, pattern) or fnmatch.fnmatch(item.name, pattern)
-            ):
-                continue
-            entries.append(rel)
-            if len(entries) >= MAX_LIST_ENTRIES:
-                entries.append(f"[stopped at {MAX_LIST_ENTRIES} entries]")
-                break
+        with self._opened("list_files", path, beneath.FOLDER, kind="folder") as (top, base):
+            for rel, _ in shown_files(top, base, self._shown, read=False):
+                names = (rel, rel.rsplit("/", 1)[-1])
+                if pattern and not any(fnmatch.fnmatch(name, pattern) for name in names):
+                    continue
+                entries.append(rel)
+                if len(entries) >= MAX_LIST_ENTRIES:
+                    entries.append(f"[stopped at {MAX_LIST_ENTRIES} entries]")
+                    break
         return "\n".join(entries) if entries else "(no files)"
 
     def grep(self, pattern: str, path: str = ".") -> str:
         """Lines matching the regular expression, as ``path:line: text``."""
         regex = re.compile(pattern)
-        base = self.resolve(path)
-        files = [base] if base.is_file() else sorted(self._walk(base))
         matches: list[str] = []
-        for file in filter(self._shown, files):
-            try:
-                if file.stat().st_size > MAX_FILE_BYTES:
-                    continue
-                lines = file.read_text(encoding="utf-8").splitlines()
-            except (UnicodeDecodeError, OSError):
-                continue
-            for number, line in enumerate(lines, 1):
-                if regex.search(line):
-                    matches.append(f"{self._rel(file)}:{number}: {line}")
-                    if len(matches) >= MAX_GREP_MATCHES:
-                        return "\n".join([*matches, GREP_STOPPED])
+        with self._opened("grep", path, os.O_RDONLY, kind="file or folder") as (top, base):
+            for rel, fd in shown_files(top, base, self._shown, read=True):
+                with contextlib.suppress(ToolRefused, UnicodeDecodeError):  # too large, binary
+                    for number, line in enumerate(self._read_text(fd, rel).splitlines(), 1):
+                        if regex.search(line):
+                            matches.append(f"{rel}:{number}: {line}")
+                            if len(matches) >= MAX_GREP_MATCHES:
+                                return "\n".join([*matches, GREP_STOPPED])
         return "\n".join(matches) if matches else "(no matches)"
 
     def run_command(self, command: str, timeout: float | None = None) -> str:
         """Run ``command`` with /bin/sh in the sandbox; report exit code and output."""
         limit = min(float(timeout), self.command_timeout) if timeout else self.command_timeout
-        argv = ["/bin/sh", "-c", command]
-        result = self.checkout.run(argv, limit)
+        result = self.checkout.run(["/bin/sh", "-c", command], limit)
         return f"exit code: {result.exit_code}\n{result.output_tail}"
 
     def finish(self, summary: str) -> str:
@@ -352,15 +333,16 @@ class Toolbox:
             raise TypeError("summary must be a string")
         return FINISHED
 
-    def _read_text(self, target: Path, path: str) -> str:
-        """The file's text; ToolRefused when it is too large to read whole."""
-        size = target.stat().st_size
-        if size > MAX_FILE_BYTES:
+    def _read_text(self, fd: int, path: str) -> str:
+        """The open file's text; ToolRefused when it is too large to read whole."""
+        size = os.fstat(fd).st_size
+        data = read_at_most(fd, MAX_FILE_BYTES) if size <= MAX_FILE_BYTES else b""
+        if size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
             raise ToolRefused(
-                f"{path!r} is {size} bytes, over the {MAX_FILE_BYTES} a file tool reads "
-                "whole: look into it with run_command (head, sed -n, grep)"
+                f"{path!r} is {max(size, len(data))} bytes, over the {MAX_FILE_BYTES} a file "
+                "tool reads whole: look into it with run_command (head, sed -n, grep)"
             )
-        return target.read_text(encoding="utf-8")
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
     def _writable(self, data: bytes, path: str) -> bytes:
         """``data`` if a file may hold it; ToolRefused naming the limit otherwise."""
@@ -375,18 +357,43 @@ class Toolbox:
             )
         return data
 
-    def _walk(self, base: Path) -> list[Path]:
-        found = []
-        for item in base.rglob("*"):
-            rel = item.relative_to(self.root)
-            if rel.parts and rel.parts[0] == ".git":
-                continue
-            if item.is_file() and item.resolve().is_relative_to(self.root) and self._shown(item):
-                found.append(item)
-        return found
+    @contextlib.contextmanager
+    def _opened(
+        self, tool: str, path: str, flags: int, create: bool = False, kind: str = "file"
+    ) -> Iterator[tuple[Top, Opened]]:
+        """``path`` opened beneath the worktree, judged where it leads; ToolRefused if not."""
+        if not isinstance(path, str) or "\x00" in path:
+            raise ToolRefused("path must be a string")
+        judge = functools.partial(self._judge, tool, path)
+        with Top(self.root) as top:
+            try:
+                at = beneath.open_beneath(top, path, flags, kind=kind, create=create, judge=judge)
+            except OSError as exc:
+                if exc.errno not in beneath.REFUSALS:
+                    raise
+                raise ToolRefused(f"path {_cut(path)!r} {exc.strerror}") from None
+            with at:
+                yield top, at
 
-    def _shown(self, file: Path) -> bool:
-        return self.readable is None or self.readable(self._rel(file))
+    def _judge(self, tool: str, path: str, rel: str) -> None:
+        """Refuse ``rel``, where ``path`` leads, inside .git or when the gate refuses it."""
+        if beneath.in_git(rel) or beneath.in_git(path):
+            why = f": {GIT_WRITES}" if tool in WRITING else ", which tools may not touch"
+            raise ToolRefused(f"path {_cut(path)!r} is inside .git{why}")
+        refusal = self._ask(tool, {"path": rel or "."}) if rel != posixpath.normpath(path) else None
+        if refusal is not None:
+            raise ToolRefused(refusal)
 
-    def _rel(self, path: Path) -> str:
-        return path.relative_to(self.root).as_posix()
+    def _ask(self, name: str, args: dict[str, Any]) -> str | None:
+        """The gate's refusal of the call, or None; a broken gate refuses."""
+        try:
+            return None if self.gate is None else self.gate(name, args)
+        except Exception as exc:  # a broken check refuses: it never lets a call through
+            return f"{name} refused: the permission check failed: {exc}"
+
+    def _shown(self, rel: str) -> bool:
+        return self.readable is None or self.readable(rel)
+
+
+def _cut(path: str) -> str:
+    return path if len(path) <= MAX_NAME_CHARS else path[:MAX_NAME_CHARS] + "..."

@@ -21,14 +21,16 @@ and only those ``include`` accepts (the ``[permissions]`` read rules).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from merlin_flow.errors import GitError
-from merlin_flow.workspace.git import SAFE_GIT_OPTIONS, run_git
+from merlin_flow.workspace.beneath import Top, open_beneath, read_at_most
+from merlin_flow.workspace.git import run_git
+from merlin_flow.workspace.git_command import run_git_process
 from merlin_flow.workspace.repo_grammars import LANGUAGES, kind_of
 from merlin_flow.workspace.repo_tags import MAX_FILE_BYTES
 
@@ -94,15 +96,14 @@ def list_sources(
     listed = _tree(root, commit or "HEAD", missing_ok=commit is None)
     read: dict[str, bytes] = {}
     if commit is None:
-        for path in _changed(root, refresh):
-            listed.pop(path, None)
-            file = root / path
-            if mapped(path, include) is None or file.is_symlink() or not file.is_file():
-                continue
-            data = file.read_bytes() if file.stat().st_size <= MAX_FILE_BYTES else b"\0huge"
-            blob = blob_id(data)
-            listed[path] = blob
-            read[blob] = data
+        with Top(root) as top:
+            for path in _changed(root, refresh):
+                listed.pop(path, None)
+                data = _read(top, path) if mapped(path, include) is not None else None
+                if data is not None:
+                    blob = blob_id(data)
+                    listed[path] = blob
+                    read[blob] = data
     files = []
     for path in sorted(listed):
         kind = mapped(path, include)
@@ -160,16 +161,27 @@ def read_blobs(root: Path, commit: str | None, files: Iterable[SourceFile]) -> d
     """
     wanted = {file.blob: file.path for file in files}
     if commit is None:
-        contents = {}
-        for blob, path in wanted.items():
-            file = root / path
-            try:
-                size = file.stat().st_size
-                contents[blob] = file.read_bytes() if size <= MAX_FILE_BYTES else b"\0huge"
-            except OSError:
-                contents[blob] = b"\0unreadable"
-        return contents
+        with Top(root) as top:
+            return {blob: _read(top, path) or b"\0unreadable" for blob, path in wanted.items()}
     return _cat_blobs(root, sorted(wanted))
+
+
+def _read(top: Top, path: str) -> bytes | None:
+    """The plain file ``path`` of the worktree, opened beneath it; None for anything else.
+
+    Never through a symlink (a file or a folder of the path), whatever swaps what meanwhile:
+    the map shows the model nothing outside the worktree. A file over MAX_FILE_BYTES is a
+    marker the tagger skips as binary.
+    """
+    try:
+        with open_beneath(top, path, os.O_RDONLY) as opened:
+            if opened.rel != path:  # a symlink on the way
+                return None
+            if os.fstat(opened.fd).st_size > MAX_FILE_BYTES:
+                return b"\0huge"
+            return read_at_most(opened.fd, MAX_FILE_BYTES)
+    except OSError:
+        return None
 
 
 def _cat_blobs(root: Path, blobs: list[str]) -> dict[str, bytes]:
@@ -187,13 +199,8 @@ def _batch(
     root: Path, option: list[str], blobs: list[str], with_content: bool = False
 ) -> dict[str, bytes]:
     """``git cat-file`` over ``blobs``: each one's size (as digits), or its content."""
-    proc = subprocess.run(
-        ["git", *SAFE_GIT_OPTIONS, "cat-file", *option],
-        input="".join(blob + "\n" for blob in blobs).encode(),
-        cwd=root,
-        capture_output=True,
-        check=False,
-    )
+    stdin = "".join(blob + "\n" for blob in blobs).encode()
+    proc = run_git_process(["cat-file", *option], root, text=False, stdin=stdin)
     if proc.returncode != 0:
         raise GitError(f"git cat-file failed in {root}: {proc.stderr.decode(errors='replace')}")
     out, found, position = proc.stdout, {}, 0

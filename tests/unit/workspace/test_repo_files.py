@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from merlin_flow.workspace.repo_files import SourceFile, blob_id, list_sources, read_blobs
 from tests.conftest import git, make_repo
 
@@ -98,3 +100,22 @@ def test_a_renamed_file_is_listed_by_its_new_name_either_way(tmp_path: Path) -> 
             b"class Engine:\n    pass\n",
             b"from app.engine import Engine\n",
         ]
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_listing_shows_nothing_outside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process in the sandbox swaps a folder between git's listing and the read: no leak."""
+    from merlin_flow.workspace import repo_files
+
+    repo = make_repo(tmp_path / "repo", {"app.py": "x = 1\n"})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "mod.py").write_text("SECRET = 'outside the worktree'\n")
+    (repo / "d").symlink_to(outside)  # swapped in once git listed d/mod.py as a new file
+    monkeypatch.setattr(repo_files, "_changed", lambda root, refresh: ["d/mod.py"])
+    files, read = list_sources(repo, None, lambda path: True)
+    assert [f.path for f in files] == ["app.py"]
+    assert not any(b"outside the worktree" in data for data in read.values())
+    swapped = SourceFile("d/mod.py", "0" * 40, "python")
+    assert read_blobs(repo, None, [swapped]) == {"0" * 40: b"\0unreadable"}
