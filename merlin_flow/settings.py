@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     uv_cache_dir: Path | None = None
     """MERLIN_UV_CACHE_DIR: uv's package cache for environment setup; default
     $MERLIN_HOME/cache/uv (shared by setups only, never mounted into a step)."""
+    ui_allowed_hosts: str = ""
+    """MERLIN_UI_ALLOWED_HOSTS: the names, comma-separated (``NAME`` or ``NAME:PORT``),
+    ``merlin ui`` answers to besides its own address: a proxy's (see docs/dashboard.md)."""
 
     @cached_property
     def home_dir(self) -> Path:

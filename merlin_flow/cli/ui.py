@@ -16,22 +16,35 @@ def ui(
     read_only: Annotated[
         bool, typer.Option("--read-only", help="Show jobs, offer and accept no action.")
     ] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            metavar="NAME[:PORT]",
+            help="A name the dashboard answers to besides its address (a proxy's); repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the jobs dashboard: every job, its steps and attempts, live; plans approved there.
 
-    On an address other than loopback it needs MERLIN_UI_TOKEN (see docs/dashboard.md).
+    On an address other than loopback it needs MERLIN_UI_TOKEN. It answers only requests
+    for its own address, or for a name given with --allowed-host or MERLIN_UI_ALLOWED_HOSTS
+    (see docs/dashboard.md).
     """
 
     def work() -> None:
         import uvicorn
 
-        from merlin_flow.ui.access import Access, check_bind, home_key
+        from merlin_flow.ui.access import Access, Hosts, check_bind, home_key
         from merlin_flow.ui.server import create_app
 
         token = os.environ.get("MERLIN_UI_TOKEN") or None
         check_bind(host, token)
         settings, db = state()
-        app = create_app(db, settings, Access(token, home_key(settings.home_dir)), read_only)
+        names = [*settings.ui_allowed_hosts.split(","), *(allowed_host or [])]
+        hosts = Hosts.serving(host, port, names)
+        access = Access(token, home_key(settings.home_dir), hosts)
+        app = create_app(db, settings, access, read_only)
         shown = f"[{host}]" if ":" in host else host
         mode = " (read-only)" if read_only else ""
         console.print(f"merlin ui{mode} on http://{shown}:{port}/", highlight=False)

@@ -14,10 +14,11 @@ from urllib.parse import urlencode
 
 from merlin_flow.errors import InputError
 from merlin_flow.jobs.pruning import parse_age
-from merlin_flow.store import JobStatus
+from merlin_flow.store import JobStatus, utcnow
 
 AGES = ("1h", "24h", "7d", "30d")
 """The ages the page offers (any ``parse_age`` age works in the URL)."""
+MOST_AGE_CHARS = 20
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,12 @@ class JobsFilter:
             raise InputError(f"status {status!r} is not a job status: {', '.join(JobStatus)}")
         age = query.get("age") or ""
         try:
-            if age:
-                parse_age(age)
-        except InputError:
-            raise InputError(f"age {age!r}: use a number and m, h, d or w, like 7d") from None
+            if len(age) > MOST_AGE_CHARS:
+                raise InputError(age)
+            if age:  # one that reaches before year 1 is no age either
+                _since = utcnow() - parse_age(age)
+        except (InputError, OverflowError):
+            raise InputError(f"age {age[:40]!r}: use a number and m, h, d or w, like 7d") from None
         return cls(JobStatus(status) if status else None, query.get("repo") or "", age,
                    query.get("before") or "")  # fmt: skip
 

@@ -102,8 +102,9 @@ def parse_days(text: str | None) -> int:
     """``?days=``: a whole number of days from 1 to ``MOST_DAYS``, 14 when not given."""
     if text is None or text == "":
         return 14
-    if not text.isdigit() or not 1 <= int(text) <= MOST_DAYS:
-        raise InputError(f"days {text!r}: a whole number of days from 1 to {MOST_DAYS}")
+    whole = text.isascii() and text.isdigit() and len(text) <= 6  # int() of no huge text
+    if not whole or not 1 <= int(text) <= MOST_DAYS:
+        raise InputError(f"days {text[:40]!r}: a whole number of days from 1 to {MOST_DAYS}")
     return int(text)
 
 

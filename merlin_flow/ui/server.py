@@ -4,7 +4,8 @@ Pages are rendered on the server (Jinja2, autoescaped); a few lines of JavaScrip
 (``static/live.js``) follow the event stream (``stream.py``), or poll ``/api/events``
 without it. Actions are the CLI's own operations (``jobs.control``, ``jobs.requesting``)
 with the CLI's publishing (``workers.canvas``); an approval or rejection is recorded as
-``merlin ui (ADDRESS)``. ``access.py`` says who may see and act.
+``merlin ui (ADDRESS)``. ``access.py`` says who may see and act, and ``gate.py``
+checks it before any page or action; each page carries its session's CSRF value.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import anyio
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
@@ -39,17 +39,16 @@ from merlin_flow.settings import Settings
 from merlin_flow.store import Database, Job, JobStatus, LlmCall, utcnow
 from merlin_flow.tasklist import TaskList
 from merlin_flow.ui import formats
-from merlin_flow.ui.access import COOKIE, Access
+from merlin_flow.ui.access import Access
 from merlin_flow.ui.filters import AGES, JobsFilter
 from merlin_flow.ui.fleet import fleet_view, parse_days
-from merlin_flow.ui.stream import events_after, feed, newest_event
+from merlin_flow.ui.gate import Gate, bearer, keep_session, session
+from merlin_flow.ui.stream import event_id, events_after, feed, newest_event
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 PAGE = 100
-OPEN = ("/login", "/healthz", "/static")
-"""Paths served without the token: the login form, the health check, the script."""
 CONFIRMED = ("cancel", "reject")
 """Actions the page asks to confirm."""
 STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -78,11 +77,17 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         waterfall=formats.waterfall,
     )
 
-    def page(name: str, **values: Any) -> HTMLResponse:
+    def page(request: Request, name: str, **values: Any) -> HTMLResponse:
+        """A page with its session's CSRF value; a request without one starts a session."""
+        kept = session(request)
+        current = access.new_session() if kept is None else kept
         body = templates.get_template(name).render(
-            csrf=access.csrf(), read_only=read_only, confirmed=CONFIRMED, **values
+            csrf=access.csrf(current), read_only=read_only, confirmed=CONFIRMED, **values
         )
-        return HTMLResponse(body)
+        response = HTMLResponse(body, headers={"Cache-Control": "no-store"})
+        if kept is None:
+            keep_session(response, request, access, current)
+        return response
 
     async def jobs(request: Request) -> Response:
         try:
@@ -92,19 +97,19 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         rows = await anyio.to_thread.run_sync(_job_rows, db, wanted)
         after = await anyio.to_thread.run_sync(newest_event, db)
         more = wanted.next_page(rows[-1]["id"]) if len(rows) == PAGE else None
-        return page("jobs.html", jobs=rows, wanted=wanted, statuses=list(JobStatus),
+        return page(request, "jobs.html", jobs=rows, wanted=wanted, statuses=list(JobStatus),
                     ages=AGES, after=after, more=more)  # fmt: skip
 
     async def job(request: Request) -> Response:
         view, events = await anyio.to_thread.run_sync(_job, db, request.path_params["job"])
         rows = await anyio.to_thread.run_sync(_plan, db, view)
         after = events[-1]["id"] if events else 0
-        return page("job.html", **_job_values(view, events, rows), after=after)
+        return page(request, "job.html", **_job_values(view, events, rows), after=after)
 
     async def job_body(request: Request) -> Response:
         view, events = await anyio.to_thread.run_sync(_job, db, request.path_params["job"])
         rows = await anyio.to_thread.run_sync(_plan, db, view)
-        return page("job_body.html", **_job_values(view, events, rows))
+        return page(request, "job_body.html", **_job_values(view, events, rows))
 
     async def attempt(request: Request) -> Response:
         found = await anyio.to_thread.run_sync(
@@ -115,7 +120,7 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         events = await anyio.to_thread.run_sync(events_since, db, request.path_params["job"])
         mine = [event for event in events if event["step_key"] == entry["step"]]
         name = "attempt_panel.html" if request.query_params.get("panel") else "attempt.html"
-        return page(name, job_id=request.path_params["job"], entry=entry, diff=change,
+        return page(request, name, job_id=request.path_params["job"], entry=entry, diff=change,
                     step_events=mine, calls=calls)  # fmt: skip
 
     async def fleet(request: Request) -> Response:
@@ -126,34 +131,39 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         view = await anyio.to_thread.run_sync(fleet_view, db, settings, days)
         if request.url.path.startswith("/api/"):
             return JSONResponse(view)
-        return page("fleet.html", fleet=view)
+        return page(request, "fleet.html", fleet=view)
 
     async def api_job(request: Request) -> Response:
         view, _ = await anyio.to_thread.run_sync(_job, db, request.path_params["job"])
         return JSONResponse(view)
 
     async def events(request: Request) -> Response:
-        after = request.headers.get("last-event-id") or request.query_params.get("after", "0")
-        if not after.isdigit():
-            return PlainTextResponse("after: an event id", status_code=400)
-        stream = feed(db, int(after), request.query_params.get("job"))
+        resumed = request.headers.get("last-event-id")
+        try:
+            after = event_id(resumed, "Last-Event-ID") if resumed else _after(request)
+        except MerlinError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
+        stream = feed(db, after, request.query_params.get("job"))
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
 
     async def api_events(request: Request) -> Response:
         """The events the stream would send next, at once: the pages' polling fallback."""
-        after = request.query_params.get("after", "0")
-        if not after.isdigit():
-            return PlainTextResponse("after: an event id", status_code=400)
+        try:
+            after = _after(request)
+        except MerlinError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
         job_id = request.query_params.get("job")
-        batch = await anyio.to_thread.run_sync(events_after, db, int(after), job_id)
+        batch = await anyio.to_thread.run_sync(events_after, db, after, job_id)
         return JSONResponse(batch, headers={"Cache-Control": "no-store"})
 
     async def act(request: Request) -> Response:
         if read_only:
             return PlainTextResponse("read-only dashboard", status_code=403)
         form = await request.form()
-        if not access.csrf_holds(str(form.get("csrf") or "")):
-            return PlainTextResponse("missing or wrong CSRF token", status_code=403)
+        given = str(form.get("csrf") or "")
+        if not bearer(request) and not access.csrf_holds(session(request), given):
+            return PlainTextResponse("missing or wrong CSRF value (or no session): reload the "
+                                     "page and try again", status_code=403)  # fmt: skip
         job_id, action = request.path_params["job"], request.path_params["action"]
         try:
             await anyio.to_thread.run_sync(_do, db, settings, job_id, action, actor(request))
@@ -168,21 +178,11 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         if not access.accepts_login(str(form.get("token") or "")):
             return HTMLResponse(_LOGIN, status_code=401)
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, access.session(), httponly=True, samesite="strict")
+        keep_session(response, request, access, access.new_session())  # a new one: a new CSRF
         return response
 
     async def healthz(_: Request) -> Response:
         return PlainTextResponse("ok")
-
-    class Gate(BaseHTTPMiddleware):
-        async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-            if request.url.path.startswith(OPEN) or access.allows(
-                request.headers.get("authorization"), request.cookies.get(COOKIE)
-            ):
-                return await call_next(request)
-            if "text/html" in request.headers.get("accept", ""):
-                return RedirectResponse("/login", status_code=303)
-            return PlainTextResponse("the dashboard's token is required", status_code=401)
 
     routes = [
         Route("/", jobs),
@@ -199,9 +199,14 @@ def create_app(db: Database, settings: Settings, access: Access, read_only: bool
         Route("/healthz", healthz),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(Gate)],
+    app = Starlette(routes=routes, middleware=[Middleware(Gate, access=access)],
                     exception_handlers={404: _not_found})  # fmt: skip
     return app
+
+
+def _after(request: Request) -> int:
+    """``?after=``: the id of the last event the reader has (InputError naming it)."""
+    return event_id(request.query_params.get("after"), "after")
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

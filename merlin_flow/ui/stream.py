@@ -3,7 +3,9 @@
 Each event goes out with its row id as the SSE ``id``, so a browser that reconnects
 (``Last-Event-ID``), after a reload or a restart of the server, gets the events it has
 not seen, none twice. The table is read every ``POLL`` seconds; a comment line every
-``KEEPALIVE`` seconds keeps proxies from closing a quiet stream.
+``KEEPALIVE`` seconds keeps proxies from closing a quiet stream. Where a reader starts
+(``?after=``, ``Last-Event-ID``) is read by ``event_id``: anything but an id the events
+table can hold is the reader's mistake (HTTP 400), not the server's.
 """
 
 from __future__ import annotations
@@ -16,11 +18,27 @@ from typing import Any
 import anyio
 from sqlalchemy import func, select
 
+from merlin_flow.errors import InputError
 from merlin_flow.store import Database, Event
 
 POLL = 0.5
 KEEPALIVE = 15.0
 BATCH = 500
+MOST_ID = 2**31 - 1
+"""The largest id ``events.id`` holds (an ``Integer``: 32 bits on PostgreSQL)."""
+
+
+def event_id(text: str | None, name: str = "after") -> int:
+    """``text`` (0 when not given) as the event id a reader starts after.
+
+    InputError naming ``name`` (the query parameter, or ``Last-Event-ID``) for anything
+    but a whole number from 0 to ``MOST_ID``.
+    """
+    if text is None or text == "":
+        return 0
+    if not (text.isascii() and text.isdigit() and len(text) <= 10 and int(text) <= MOST_ID):
+        raise InputError(f"{name} {text[:40]!r}: an event id, a whole number from 0 to {MOST_ID}")
+    return int(text)
 
 
 def newest_event(db: Database) -> int:

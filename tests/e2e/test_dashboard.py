@@ -11,9 +11,11 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -57,8 +59,8 @@ def _status(url: str, headers: dict[str, str] | None = None) -> int:
         return 0  # not listening yet
 
 
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
+def _chromium(*arguments: str) -> WebDriver:
+    """Debian's Chromium, headless, with ``arguments`` besides (or the test skipped)."""
     if not (os.path.exists(CHROMIUM) and shutil.which("chromedriver")):
         if os.environ.get("CI"):
             pytest.fail("the dashboard's browser tests need Debian's chromium and chromium-driver")
@@ -69,9 +71,14 @@ def browser() -> Iterator[WebDriver]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--window-size=1280,1000"):  # fmt: skip
+                     "--window-size=1280,1000", *arguments):  # fmt: skip
         options.add_argument(argument)
-    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
+    return webdriver.Chrome(options=options, service=Service(DRIVER))
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    driver = _chromium()
     try:
         yield driver
     finally:
@@ -343,4 +350,66 @@ def test_the_job_page_follows_an_escalation(
         assert driver.execute_script("return window.loadedOnce") is True
         wait_for(lambda: _texts(driver, "#job p .status") == ["completed"], 30, "the job's end")
     finally:
+        board.stop()
+
+
+ATTACK_PAGE = """<!doctype html><html><body>
+<form id="f" method="post" action="{target}"><input name="csrf" value="{csrf}"></form>
+<script>document.getElementById("f").submit()</script></body></html>"""
+"""Another site's page: it posts the dashboard's form, with a CSRF value it was given."""
+
+
+def _serve(page: str) -> ThreadingHTTPServer:
+    """An HTTP server on 127.0.0.1 that answers ``page`` to every GET."""
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(page.encode())
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_page_of_another_site_reads_nothing_and_approves_nothing(
+    tmp_path: Path, py_repo: Path
+) -> None:
+    # The browser resolves attacker.example to 127.0.0.1, as a DNS rebinding makes it.
+    driver = _chromium("--host-resolver-rules=MAP attacker.example 127.0.0.1")
+    board, attacker = Dashboard(tmp_path), None
+    try:
+        job = _plan(board, py_repo)
+        driver.get(f"{board.url}/jobs/{job}")  # the user's own page: a session and its value
+        value = driver.find_element(By.CSS_SELECTOR, 'meta[name="csrf"]').get_attribute("content")
+        assert value
+        port = board.url.rsplit(":", 1)[1]
+        driver.get(f"http://attacker.example:{port}/jobs/{job}")  # rebound onto the dashboard
+        shown = driver.find_element(By.TAG_NAME, "body").text
+        assert shown.startswith("this dashboard does not answer to Host 'attacker.example:")
+        assert "Fix answer()" not in shown
+        assert value not in driver.page_source
+        # A page of another site posts the user's form, even with the user's own value.
+        target = f"{board.url}/jobs/{job}/approve"
+        attacker = _serve(ATTACK_PAGE.format(target=target, csrf=value))
+        driver.get(f"http://attacker.example:{attacker.server_port}/")
+        wait_for(lambda: driver.current_url == target, 10, "the other site's form to post")
+        refused = driver.find_element(By.TAG_NAME, "body").text
+        assert "a POST must come from the dashboard's own pages" in refused
+        view = status_json(board.env, job)
+        assert (view["status"], view["plan"].get("approved_by")) == ("awaiting_approval", None)
+        driver.get(f"{board.url}/jobs/{job}")  # the user's own page still acts
+        driver.find_element(By.CSS_SELECTOR, 'form[action$="/approve"] button').click()
+        approved = "approved by merlin ui (127.0.0.1)"
+        wait_for(lambda: approved in " ".join(_texts(driver, "#job > p")), 20, "the approval")
+    finally:
+        if attacker is not None:
+            attacker.shutdown()
+            attacker.server_close()
+        driver.quit()
         board.stop()

@@ -16,7 +16,7 @@ from merlin_flow.jobs.requesting import submit_request
 from merlin_flow.jobs.views import job_status, job_view
 from merlin_flow.settings import Settings
 from merlin_flow.store import Database, JobStatus
-from merlin_flow.ui.access import Access
+from merlin_flow.ui.access import Access, Hosts
 from merlin_flow.ui.server import create_app
 from tests.unit.engine.finished_jobs import finished_job
 from tests.unit.jobs.test_requesting import REQUEST, repo  # noqa: F401 (a fixture)
@@ -29,9 +29,15 @@ ADDRESS = "192.0.2.7"
 """The address the test client's requests come from (an approver's, for the record)."""
 
 
+URL = "http://127.0.0.1:8700"
+"""Where the test client asks: the dashboard's own address, as ``merlin ui`` serves it."""
+HOSTS = Hosts.serving("127.0.0.1", 8700)
+
+
 def client(db: Database, settings: Settings, token: str | None = None, **kw: bool) -> TestClient:
-    app = create_app(db, settings, Access(token), kw.get("read_only", False))
-    return TestClient(app, client=(ADDRESS, 50000))
+    """A browser on the dashboard's own address: its POSTs come from the dashboard's pages."""
+    app = create_app(db, settings, Access(token, hosts=HOSTS), kw.get("read_only", False))
+    return TestClient(app, base_url=URL, client=(ADDRESS, 50000), headers={"origin": URL})
 
 
 def csrf(page: str) -> str:
