@@ -135,7 +135,8 @@ class HeldStep:
                 session,
                 self.job_id,
                 EventKind.ENVIRONMENT_BUILT,
-                f"environment {environment.path.name} built in {environment.seconds:.1f} s",
+                f"environment {environment.path.name} built in {environment.seconds:.1f} s"
+                + (f"; network: {environment.network}" if environment.network else ""),
                 self.step_key,
                 {"path": str(environment.path)},
             )

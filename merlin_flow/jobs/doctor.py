@@ -21,6 +21,7 @@ from merlin_flow.models.llm import is_priced
 from merlin_flow.settings import Settings
 from merlin_flow.tool_config import SandboxMode
 from merlin_flow.workspace.exit_commands import MARKERS, ProjectKind
+from merlin_flow.workspace.network import HOST_NETWORK, OUTBOUND, PASTA_FIX, outbound_problem
 from merlin_flow.workspace.sandbox import Confinement, run_confined, sandbox_problem
 from merlin_flow.workspace.toolchains import (
     PROGRAMS,
@@ -82,7 +83,7 @@ def run_checks(
     ``files``: where ``config`` was read from (``config_files``), listed first.
     """
     checks = [config_check(files)] if files is not None else []
-    checks.append(sandbox_check(config))
+    checks += [sandbox_check(config), network_check(config)]
     config = pin_endpoints(config)  # as a job submitted from here would call them
     problems = {tier.name: tier_access(tier) for tier in config.tiers}
     usable = any(problem is None for problem in problems.values())
@@ -124,6 +125,25 @@ def sandbox_check(config: MerlinConfig) -> Check:
     if problem:
         return Check("sandbox", Verdict.FAIL, problem, "see docs/security.md")
     return Check("sandbox", Verdict.OK, "bubblewrap starts a sandbox with no network")
+
+
+def network_check(config: MerlinConfig) -> Check:
+    """What setup, and steps with `[sandbox] network`, reach: outbound only, or the host."""
+    steps = {False: "none", True: "outbound only", "host": "the host's"}[config.sandbox.network]
+    if config.sandbox.mode is SandboxMode.NONE:
+        return Check("network", Verdict.WARN, f'mode "none": setup and steps get {HOST_NETWORK}')
+    if config.sandbox.network == "host":
+        detail = f'setup and steps get {HOST_NETWORK} (`[sandbox] network = "host"`)'
+        return Check("network", Verdict.WARN, detail, "remove it to give them outbound only")
+    if sandbox_problem():
+        detail = "not tried: the sandbox cannot start"
+        return Check("network", Verdict.FAIL, detail, "fix the sandbox check first")
+    problem = outbound_problem()
+    if problem:
+        detail = f"setup gets {HOST_NETWORK}, and so do steps with `[sandbox] network = true`"
+        fix = PASTA_FIX if "not installed" in problem else "see docs/security.md"
+        return Check("network", Verdict.WARN, f"{problem}: {detail}", fix)
+    return Check("network", Verdict.OK, f"setup: {OUTBOUND}; steps: {steps}")
 
 
 def tier_check(

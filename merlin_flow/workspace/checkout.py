@@ -182,8 +182,9 @@ def ready_environment(
 
     SetupFailed when setup fails. Environments are named for the repository's folder or
     URL (``merlin prune`` finds a repository's environments by that name). ``trusted``:
-    the job's base commit (``ensure_environment``: a build for dependency files a step
-    changed gets no network).
+    the job's base commit (``ensure_environment``: a commit with its key gets the
+    environment built from its tree; a build for dependency files a step changed is that
+    commit's alone, with no network).
     """
     where = repository.location
     name = where.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")

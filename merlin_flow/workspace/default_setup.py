@@ -23,7 +23,14 @@ repository's root adds its setup (a repository with several kinds gets each one'
 The environment is read-only to commands; its build cache (``$MERLIN_ENV/build``,
 seen at ``/merlin/build``) is the one folder of it they may write: a compiler's
 incremental output, shared by the attempts of a repository while its cache key holds
-(cargo locks its target folder; Go's cache is safe for concurrent use).
+(cargo locks its target folder; Go's cache is safe for concurrent use). The build cache
+and ``node_modules`` are bound only when they are no symlink and lie inside the
+environment (``environment_files.inside``).
+
+Setup shares uv's and npm's package caches across builds; the build of a step's own
+dependency change gets private copies of them instead, removed after it
+(``package_caches``), so nothing the model's build code writes there reaches a later
+build.
 """
 
 from __future__ import annotations
@@ -32,19 +39,23 @@ import hashlib
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from merlin_flow.config import MerlinConfig
+from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
 from merlin_flow.tool_config import Sandbox, SandboxMode
+from merlin_flow.workspace.environment_files import BUILD_DIR, NODE_MODULES, inside
 from merlin_flow.workspace.exit_commands import MARKERS, ProjectKind
 from merlin_flow.workspace.git import run_git
-from merlin_flow.workspace.sandbox import WORKSPACE, Confinement, python_mounts
+from merlin_flow.workspace.sandbox import WORKSPACE, Confinement, interpreter, python_mounts
 from merlin_flow.workspace.toolchains import find_toolchain, toolchain_mounts
 
 TEST_EXTRAS = ("test", "tests", "testing")
@@ -55,8 +66,6 @@ REQUIREMENT_FILES = (
     "test-requirements.txt",
     "dev-requirements.txt",
 )
-BUILD_DIR = "build"
-"""The environment's subfolder commands may write (a compiler's incremental output)."""
 BUILD_INSIDE = "/merlin/build"
 """Where sandboxed commands see the build cache."""
 CACHE_INSIDE = "/merlin/cache"
@@ -179,17 +188,19 @@ def confine_kinds(
     env = confinement.env_dir
     if env is not None:
         build = env / BUILD_DIR
-        build.mkdir(exist_ok=True)
+        with suppress(FileExistsError):  # there, or a link: mkdir follows none
+            build.mkdir()
         bwrap = sandbox.mode is SandboxMode.BWRAP
         env_inside = confinement.inside(sandbox)[1] or str(env)
         build_inside = BUILD_INSIDE if bwrap else str(build)
         if bwrap and not confinement.env_writable:
-            writable.append((build, BUILD_INSIDE))
+            if inside(env, BUILD_DIR) is not None:  # never a folder a link names
+                writable.append((build, BUILD_INSIDE))
         elif bwrap:  # setup: the environment is writable, its build cache with it
             build_inside = f"{env_inside}/{BUILD_DIR}"
-        modules = env / "node_modules"
-        if bwrap and not setup and modules.is_dir():
-            binds.append((modules, f"{WORKSPACE}/node_modules"))
+        modules = inside(env, NODE_MODULES)
+        if bwrap and not setup and modules is not None and modules.is_dir():
+            binds.append((modules, f"{WORKSPACE}/{NODE_MODULES}"))
         variables.update(
             kind_variables(kinds, env_inside, build_inside, setup=setup, offline=offline)
         )
@@ -213,35 +224,72 @@ def setup_confinement(
     checkout: Path,
     folder: Path,
     network: bool,
+    caches: Mapping[str, Path] | None = None,
 ) -> Confinement:
     """Setup's sandbox: the environment writable, uv and the package caches.
 
-    ``network``: False for a build of dependency files a step changed.
+    ``network``: False for a build of dependency files a step changed. ``caches``: the
+    package caches by name (``package_caches``); default, the shared ones.
     """
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     tools = (str(Path(uv).parent),) if uv else ()
     bwrap = config.sandbox.mode is SandboxMode.BWRAP
-    caches = {"uv": settings.uv_cache, "npm": settings.npm_cache}
-    for cache in caches.values():
-        cache.mkdir(parents=True, exist_ok=True)
-    inside = {name: f"{CACHE_INSIDE}/{name}" if bwrap else str(c) for name, c in caches.items()}
+    caches = shared_caches(settings) if caches is None else caches
+    seen = {name: f"{CACHE_INSIDE}/{name}" if bwrap else str(c) for name, c in caches.items()}
     confinement = Confinement(
         worktree=checkout,
         env_dir=folder,
         env_writable=True,
         network=network,
         read_only=setup_mounts(tools),
-        writable=tuple((c, inside[name]) for name, c in caches.items()) if bwrap else (),
+        writable=tuple((c, seen[name]) for name, c in caches.items()) if bwrap else (),
         path=tools,
         variables={
-            "UV_CACHE_DIR": inside["uv"],
+            "UV_CACHE_DIR": seen["uv"],
             "UV_NO_PROGRESS": "1",
             "UV_PYTHON_DOWNLOADS": "never",
-            "npm_config_cache": inside["npm"],
+            "npm_config_cache": seen["npm"],
             **({} if network else {"UV_OFFLINE": "1"}),
         },
     )
     return confine_kinds(confinement, kinds, config.sandbox, setup=True, offline=not network)
+
+
+def shared_caches(settings: Settings) -> dict[str, Path]:
+    """The package caches the builds of trusted commits share, by name (made if missing)."""
+    caches = {"uv": settings.uv_cache, "npm": settings.npm_cache}
+    for cache in caches.values():
+        cache.mkdir(parents=True, exist_ok=True)
+    return caches
+
+
+@contextmanager
+def package_caches(settings: Settings, private: bool, scratch: Path) -> Iterator[dict[str, Path]]:
+    """The package caches a build binds, by name: the shared ones, or ``private`` copies.
+
+    A build of the model's own build code (a step's dependency change) gets copies of
+    them in ``scratch`` (``cp --reflink=auto``: shared blocks where the file system can),
+    removed when the build ends: the package managers find what the shared caches hold,
+    and nothing the build writes there reaches another build.
+    """
+    shared = shared_caches(settings)
+    if not private:
+        yield shared
+        return
+    try:
+        copies = {name: scratch / name for name in shared}
+        for name, cache in shared.items():
+            copies[name].mkdir(parents=True)
+            copy = ["cp", "-a", "--reflink=auto", "--", f"{cache}/.", str(copies[name])]
+            proc = subprocess.run(copy, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise SetupFailed(
+                    f"the {name} package cache could not be copied for the build of a step's "
+                    f"dependency change: {proc.stderr.strip()}"
+                )
+        yield copies
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def setup_mounts(tools: tuple[str, ...]) -> tuple[Path, ...]:
@@ -283,12 +331,6 @@ def key_material(kinds: Iterable[ProjectKind]) -> dict[str, str]:
     if config is None:
         return {}
     return {"cargo_config": hashlib.sha256(config.read_bytes()).hexdigest()}
-
-
-def interpreter() -> Path:
-    """The Python the default setup builds on: the one merlin itself runs on."""
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    return Path(base).resolve()
 
 
 def read_toml(git_dir: Path, commit: str, path: str) -> dict[str, Any]:

@@ -2,16 +2,29 @@
 
 A step's commands must run with the project's dependencies, on the attempt's code. The
 environment is built by ``[environment] setup`` (or the default for the project's kind)
-inside the sandbox, with the project checked out at ``/workspace`` and the environment
-at ``/merlin/env``. Attempts later see their own worktree at the same ``/workspace``, so
-an editable install made by setup resolves to the attempt's code, never to the user's
-checkout or to another attempt.
+inside the sandbox, with the project checked out at ``/workspace``, the environment at
+``/merlin/env`` and the outbound network only (``merlin_flow.workspace.network``).
+Attempts later see their own worktree at the same ``/workspace``, so an editable install
+made by setup resolves to the attempt's code, never to the user's checkout or to another
+attempt.
 
 Built environments live in ``$MERLIN_HOME/envs/<repo>-<key>``. The key hashes the setup
 commands, the sandbox mode, the interpreter and the content of the ``cache_key`` files
 at the commit, so every job and attempt of a repository shares one environment while
 those files are unchanged. One build at a time per key (an flock); a build that fails
 leaves nothing behind and fails the job with its output.
+
+What runs at build time is trusted only from the job's base commit (``trusted``): a
+commit with the base's key gets the environment built from the base's own tree (the
+build code outside the key files, ``hatch_build.py`` or a ``setup.py`` helper, may have
+changed), and one whose key differs (a step changed the dependency files) gets one of
+its own, built from its tree with package caches of its own and (unless ``[environment]
+attempt_network``) no network, and keyed by it and its base too: no other commit's
+checkout, and no later job, finds it.
+
+What the worker itself then reads and writes of a built environment (its marker, the
+files setup generated, the folders the sandbox binds) goes through
+``merlin_flow.workspace.environment_files``, never through a link setup left.
 
 The default setup of each kind (Python, Rust, Node, Go) is in
 ``merlin_flow.workspace.default_setup``; the toolchains setup and commands run with
@@ -32,25 +45,40 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from merlin_flow.config import MerlinConfig
 from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
+from merlin_flow.tool_config import SandboxMode
 from merlin_flow.workspace.commit_trees import object_ids, root_entries
 from merlin_flow.workspace.default_setup import (
     default_setup,
-    interpreter,
     key_material,
+    package_caches,
     prepare_folders,
     project_kinds,
     setup_confinement,
 )
+from merlin_flow.workspace.environment_files import MARKER_FILE as MARKER_FILE
+from merlin_flow.workspace.environment_files import (
+    check_built,
+    copy_generated_files,
+    keep_generated_files,
+    touch_marker,
+    write_marker,
+)
 from merlin_flow.workspace.exit_commands import ProjectKind
 from merlin_flow.workspace.git import add_worktree, git, remove_worktree, run_git
-from merlin_flow.workspace.sandbox import run_confined
+from merlin_flow.workspace.network import describe, outbound
+from merlin_flow.workspace.sandbox import Confinement, interpreter, run_confined
 
-FORMAT = 1
-"""Bumped when the layout of a built environment changes, so old ones are not reused."""
+FORMAT = 2
+"""Bumped when the layout of a built environment changes, so old ones are not reused.
+
+2: the overlay is the worker's, written after setup; an environment whose build cache,
+``node_modules`` or ``pyvenv.cfg`` is a link is refused.
+"""
 DEFAULT_CACHE_KEY = (
     "pyproject.toml",
     "setup.py",
@@ -71,20 +99,18 @@ DEFAULT_CACHE_KEY = (
     "go.mod",
     "go.sum",
 )
-MARKER_FILE = ".merlin-env.json"
-OVERLAY_DIR = ".merlin-workspace"
-"""Files setup generated in the (git-ignored) project tree, copied into every worktree."""
-OVERLAY_MAX_BYTES = 20 * 2**20
-OVERLAY_SKIPPED = frozenset(
-    {"__pycache__", "node_modules", ".venv", "venv", ".tox", ".nox", "target", "dist"}
-)
-"""Folders of generated files that are environments or build output, not project files."""
 SETUP_OUTPUT_LINES = 40
 OFFLINE_HINT = (
     "\nThis build ran without the network: the step changed the project's dependency "
     "files, and the packages they name must already be in the caches. To let such "
     "builds download, set `attempt_network = true` under [environment] in a file you "
     "pass with --config."
+)
+OUTBOUND_HINT = (
+    "\nThis build had the outbound network only: the internet and package registries, not "
+    "the host's 127.0.0.1 nor its local network. A proxy or index there is reached when "
+    "HTTPS_PROXY, UV_INDEX_URL or the like names it (on its port alone); for anything else, "
+    'set `network = "host"` under [sandbox] in a file you pass with --config.'
 )
 
 
@@ -116,6 +142,8 @@ class BuiltEnvironment:
     path: Path
     built: bool
     seconds: float = 0.0
+    network: str = ""
+    """What the build's network was, in words (``network.describe``); empty when reused."""
 
 
 def plan_environment(
@@ -177,31 +205,38 @@ def ensure_environment(
 ) -> BuiltEnvironment | None:
     """The environment for ``commit``, built now if no worker has built it yet.
 
-    ``trusted``: a commit whose dependency files the user wrote (the job's base). A
-    build for other dependency files (a step changed them) runs without the network,
-    from the package caches, unless ``[environment] attempt_network``: the model's own
-    build code (a build hook) must not reach the network or the services beside the
-    worker. None when the project gets no environment. Raises SetupFailed with the
-    failing command's output when setup fails; nothing of the failed build is kept.
+    ``trusted``: the commit whose build code the user wrote (the job's base; None: the
+    caller trusts ``commit``). When ``commit`` has its key, the environment is the one
+    built from ``trusted``'s tree. Otherwise (a step changed the dependency files) it is
+    ``commit``'s alone, keyed by both commits, and built from ``commit``'s tree with
+    private copies of the package caches and, unless ``[environment] attempt_network``,
+    no network: the model's own build code (a build hook) must not reach the network,
+    the services beside the worker, or a later build. None when the project gets no
+    environment. Raises SetupFailed with the failing command's output when setup
+    fails; nothing of the failed build is kept.
     """
     plan = plan_environment(git_dir, commit, config, location)
     if not plan.needed:
         return None
+    source, own = commit, False
+    if trusted is not None and trusted != commit:
+        base = plan_environment(git_dir, trusted, config, location)
+        if base.key == plan.key:  # the base's own build code, whatever else the step changed
+            source, plan = trusted, base
+        else:
+            own = True
+            mine = json.dumps([plan.key, commit, trusted]).encode()
+            plan = replace(plan, key=hashlib.sha256(mine).hexdigest()[:16])
     slug = re.sub(r"[^A-Za-z0-9._-]", "_", repo_name)[:40] or "repo"
     folder = settings.envs_dir / f"{slug}-{plan.key}"
-    if (folder / MARKER_FILE).is_file():
-        (folder / MARKER_FILE).touch()  # its last use: `merlin prune` goes by it
-        return BuiltEnvironment(folder, built=False)
-    with _locked(folder):
-        if (folder / MARKER_FILE).is_file():  # another worker built it while we waited
+    with _locked(folder):  # looked at under the lock: never while setup can still write it
+        if (folder / MARKER_FILE).is_file():  # built before, or while we waited
+            touch_marker(folder)  # its last use: `merlin prune` goes by it
             return BuiltEnvironment(folder, built=False)
         started = time.monotonic()
-        changed = trusted is not None and (
-            plan.key != plan_environment(git_dir, trusted, config, location).key
-        )
-        network = not changed or config.environment.attempt_network
-        _build(settings, config, plan, git_dir, commit, folder, network)
-        return BuiltEnvironment(folder, built=True, seconds=time.monotonic() - started)
+        reached = _build(settings, config, plan, git_dir, source, folder, own)
+        seconds = time.monotonic() - started
+        return BuiltEnvironment(folder, built=True, seconds=seconds, network=reached)
 
 
 def _build(
@@ -211,47 +246,48 @@ def _build(
     git_dir: Path,
     commit: str,
     folder: Path,
-    network: bool = True,
-) -> None:
+    own: bool = False,
+) -> str:
     """Run the setup commands into ``folder``; SetupFailed (and nothing kept) on failure.
 
-    Without ``network`` the package managers work from their caches only.
+    ``own``: the build of a step's own dependency change, with private copies of the
+    package caches (``default_setup.package_caches``) and, unless ``[environment]
+    attempt_network``, no network: the package managers work from those copies only.
+    Otherwise setup has the outbound network (``merlin_flow.workspace.network``), or the
+    host's with ``[sandbox] network = "host"`` or where pasta cannot run (the log's first
+    line says which, and the worker's log warns). The environment is then checked
+    (``environment_files.check_built``). Returns what the network was, in words.
     """
     shutil.rmtree(folder, ignore_errors=True)  # a build a killed worker left unfinished
     folder.mkdir(parents=True)
     checkout = setup_checkouts(settings) / f"{folder.name}-{uuid.uuid4().hex[:8]}"
-    log_path = folder.with_name(folder.name + ".log")
     deadline = time.monotonic() + config.environment.setup_timeout
     try:
         add_worktree(git_dir, checkout, commit)
         prepare_folders(folder, plan.kinds)
-        confinement = setup_confinement(settings, config, plan.kinds, checkout, folder, network)
-        confinement = replace(
-            confinement,
-            variables={
-                **confinement.variables,
-                "SETUPTOOLS_SCM_PRETEND_VERSION": release_version(git_dir, commit),
-            },
+        network = not own or config.environment.attempt_network
+        scratch = checkout.with_name(checkout.name + ".cache")  # swept as the checkout is
+        with package_caches(settings, own, scratch) as caches:
+            confinement = setup_confinement(
+                settings, config, plan.kinds, checkout, folder, network, caches
+            )
+            host = config.sandbox.network == "host"
+            wanted: bool | Literal["host"] = ("host" if host else True) if network else False
+            confinement = replace(
+                confinement,
+                network=wanted,
+                variables={
+                    **confinement.variables,
+                    "SETUPTOOLS_SCM_PRETEND_VERSION": release_version(git_dir, commit),
+                },
+            )
+            reached = _run_setup(config, plan, confinement, folder, deadline)
+        check_built(folder)
+        kept = keep_generated_files(checkout, folder)
+        write_marker(
+            folder, {"key": plan.key, "setup": plan.setup, "commit": commit, "generated": kept}
         )
-        with log_path.open("w", encoding="utf-8") as log:
-            for command in plan.setup:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise SetupFailed(f"environment setup timed out before `{command}`")
-                result = run_confined(
-                    ["/bin/sh", "-c", command], confinement, config.sandbox, remaining, 20_000
-                )
-                log.write(f"$ {command}\n{result.output_tail}\nexit code {result.exit_code}\n")
-                if not result.ok:
-                    tail = "\n".join(result.output_tail.rstrip().splitlines()[-SETUP_OUTPUT_LINES:])
-                    raise SetupFailed(
-                        f"environment setup failed: `{command}` exited with code "
-                        f"{result.exit_code}{' (timed out)' if result.timed_out else ''}; "
-                        f"setup log: {log_path}\n{tail}" + ("" if network else OFFLINE_HINT)
-                    )
-        kept = _keep_generated_files(checkout, folder / OVERLAY_DIR)
-        marker = {"key": plan.key, "setup": plan.setup, "commit": commit, "generated": kept}
-        (folder / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+        return reached
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -259,52 +295,50 @@ def _build(
         remove_worktree(git_dir, checkout)
 
 
+def _run_setup(
+    config: MerlinConfig, plan: EnvironmentPlan, box: Confinement, folder: Path, deadline: float
+) -> str:
+    """Run ``plan``'s commands in order, logged; what the network was, in words."""
+    log_path = folder.with_name(folder.name + ".log")
+    reached, hint = _network_words(config, box.network)
+    with log_path.open("w", encoding="utf-8") as log:
+        log.write(f"[merlin] network: {reached}\n")
+        for command in plan.setup:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SetupFailed(f"environment setup timed out before `{command}`")
+            argv = ["/bin/sh", "-c", command]
+            result = run_confined(argv, box, config.sandbox, remaining, 20_000)
+            log.write(f"$ {command}\n{result.output_tail}\nexit code {result.exit_code}\n")
+            if not result.ok:
+                tail = "\n".join(result.output_tail.rstrip().splitlines()[-SETUP_OUTPUT_LINES:])
+                raise SetupFailed(
+                    f"environment setup failed: `{command}` exited with code "
+                    f"{result.exit_code}{' (timed out)' if result.timed_out else ''}; "
+                    f"setup log: {log_path}\n{tail}{hint}"
+                )
+    return reached
+
+
+def _network_words(config: MerlinConfig, wanted: bool | Literal["host"]) -> tuple[str, str]:
+    """What setup's network is, in words, and what a failed build adds to its error."""
+    if config.sandbox.mode is SandboxMode.NONE:
+        return 'the host\'s network (`[sandbox] mode = "none"`)', ""
+    if wanted is False:
+        return describe(wanted), OFFLINE_HINT
+    return describe(wanted), OUTBOUND_HINT if outbound(wanted) is True else ""
+
+
 def prepare_worktree(environment: BuiltEnvironment | None, worktree: Path) -> None:
     """Copy the files setup generated (a version file, in-place built modules) into it.
 
     An editable install can need files that setup wrote into the project's tree and git
-    ignores (hatch-vcs's ``_version.py``, an extension built in place, ``*.egg-info``):
-    every attempt's worktree gets them, never over a file the commit has.
+    ignores (hatch-vcs's ``_version.py``, an extension built in place): every attempt's
+    worktree gets them, never over a file the commit has, and never through a symlink
+    that leads out of the worktree (``environment_files.copy_generated_files``).
     """
-    overlay = environment.path / OVERLAY_DIR if environment else None
-    if overlay is None or not overlay.is_dir():
-        return
-    for source in sorted(overlay.rglob("*")):
-        target = worktree / source.relative_to(overlay)
-        if source.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-        elif not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-
-
-def _keep_generated_files(checkout: Path, overlay: Path) -> list[str]:
-    """Copy the git-ignored files setup wrote into ``checkout`` to ``overlay`` (bounded)."""
-    proc = run_git(
-        ["status", "--porcelain", "-z", "--ignored=matching", "--untracked-files=all"], checkout
-    )
-    kept: list[str] = []
-    total = 0
-    for entry in proc.stdout.split("\0"):
-        if not entry.startswith("!! "):
-            continue
-        relative = entry[3:]
-        source = checkout / relative
-        if set(source.relative_to(checkout).parts) & OVERLAY_SKIPPED or source.suffix in (
-            ".pyc",
-            ".pyo",
-        ):
-            continue
-        if not source.is_file() or source.is_symlink():
-            continue
-        total += source.stat().st_size
-        if total > OVERLAY_MAX_BYTES:
-            continue  # the rest is too big to copy into every worktree
-        target = overlay / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
-        kept.append(relative)
-    return kept
+    if environment is not None:
+        copy_generated_files(environment.path, worktree)
 
 
 def setup_checkouts(settings: Settings) -> Path:

@@ -5,7 +5,8 @@ through ``run_confined``. With ``[sandbox] mode = "bwrap"`` (the default) the co
 sees:
 
 - the system (``/usr``, ``/etc`` less its password files) read-only, a private ``/tmp``,
-  its own ``/proc`` and PID namespace, and no network unless ``[sandbox] network``;
+  its own ``/proc`` and PID namespace, and no network unless ``[sandbox] network`` (setup:
+  outbound only, through pasta, ``workspace.network``);
 - the attempt's worktree read-write at ``/workspace`` (its ``.git`` pointer read-only;
   the whole worktree read-only for a read-only agent), and the project's environment
   read-only at ``/merlin/env`` (writable during setup);
@@ -40,9 +41,11 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from merlin_flow.errors import SandboxUnavailable
 from merlin_flow.tool_config import Sandbox, SandboxMode
+from merlin_flow.workspace.network import NETWORK_ENV, attach_options, launcher, outbound
 from merlin_flow.workspace.process import (
     OUTPUT_TAIL_CHARS,
     CommandResult,
@@ -75,29 +78,6 @@ ALLOWED_ENV = (
     "NODE_EXTRA_CA_CERTS",
 )
 """The worker's variables a command may see, besides `[sandbox] pass_env`."""
-NETWORK_ENV = (
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "UV_INDEX_URL",
-    "UV_EXTRA_INDEX_URL",
-    "UV_DEFAULT_INDEX",
-    "UV_INDEX",
-    "PIP_INDEX_URL",
-    "PIP_EXTRA_INDEX_URL",
-    "NPM_CONFIG_REGISTRY",
-    "npm_config_registry",
-    "GOPROXY",
-    "GONOPROXY",
-    "GOPRIVATE",
-    "GONOSUMDB",
-    "GOSUMDB",
-    "GOINSECURE",
-)
-"""Proxy and index variables, given to commands with the network unless they hold credentials."""
 PROBE = ("--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "true")
 MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/sudoers")
 MASKED_DIRS = ("/etc/ssl/private", "/etc/sudoers.d")
@@ -124,8 +104,9 @@ class Confinement:
     """The project's environment (``/merlin/env``), or None when there is none."""
     env_writable: bool = False
     """True during setup only: the environment is being built."""
-    network: bool = False
-    """Whether the command may use the network."""
+    network: bool | Literal["host"] = False
+    """The command's network: none (False), outbound only (True: ``workspace.network``),
+    or the host's (``"host"``; also where pasta cannot run)."""
     read_only: tuple[Path, ...] = ()
     """More host folders bound read-only at their own paths (a Python installation...)."""
     writable: tuple[tuple[Path, str], ...] = ()
@@ -240,10 +221,14 @@ def _has_credentials(value: str) -> bool:
 
 
 def bwrap_arguments(confinement: Confinement, env: Mapping[str, str]) -> list[str]:
-    """The bubblewrap command line (without the command) for ``confinement``."""
-    args = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL"]
-    if confinement.network:
-        args.append("--share-net")
+    """The bubblewrap command line (without the command) for ``confinement``.
+
+    With the outbound network, the launcher that attaches pasta comes first.
+    """
+    network = outbound(confinement.network)
+    prefix = launcher(env) if network is True else []
+    args = [*prefix, "bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
+    args += ["--cap-drop", "ALL", *(["--share-net"] if network == "host" else [])]
     args += ["--ro-bind", "/usr", "/usr"]
     for name in TOP_LEVEL:
         host = Path("/") / name
@@ -251,11 +236,10 @@ def bwrap_arguments(confinement: Confinement, env: Mapping[str, str]) -> list[st
             args += ["--symlink", os.readlink(host), str(host)]
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
-    args += ["--ro-bind", "/etc", "/etc"]
-    if confinement.network:
-        resolv = Path("/etc/resolv.conf")
-        if resolv.is_symlink():  # often into /run, which is not mounted
-            args += ["--ro-bind-try", str(resolv.resolve()), str(resolv.resolve())]
+    args += ["--ro-bind", "/etc", "/etc", *(attach_options() if network is True else [])]
+    resolv = Path("/etc/resolv.conf")
+    if network == "host" and resolv.is_symlink():  # often into /run, which is not mounted
+        args += ["--ro-bind-try", str(resolv.resolve()), str(resolv.resolve())]
     args += [arg for f in MASKED_FILES if Path(f).exists() for arg in ("--ro-bind", "/dev/null", f)]
     args += [arg for d in MASKED_DIRS if Path(d).is_dir() for arg in ("--tmpfs", d)]
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", SANDBOX_HOME]
@@ -379,17 +363,26 @@ def check_sandbox(config: Sandbox) -> None:
             raise SandboxUnavailable(problem)
 
 
+def interpreter() -> Path:
+    """The Python setup builds environments on (in their key): the base of merlin's own."""
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    return Path(base).resolve()
+
+
 def python_mounts(venv: Path | None) -> tuple[Path, ...]:
     """Folders a Python environment needs bound read-only at their own paths.
 
-    For ``venv`` (a built environment, bound elsewhere) its base installation; for None,
-    merlin's own environment and its base installation. Folders under /usr are bound
-    with the system already.
+    For None, merlin's own environment and its base installation. For ``venv`` (a built
+    environment, bound elsewhere), the base installation of ``interpreter``, the one
+    setup built it on: never what its ``pyvenv.cfg`` names, which setup wrote. Folders
+    under /usr are bound with the system already.
     """
-    folders = [Path(sys.prefix), Path(sys.base_prefix)] if venv is None else []
-    cfg = (venv or Path(sys.prefix)) / "pyvenv.cfg"
-    if cfg.is_file():
-        for line in cfg.read_text(errors="replace").splitlines():
+    if venv is not None:
+        folders = [interpreter().parent.parent, Path(sys.base_prefix)]
+    else:
+        folders = [Path(sys.prefix), Path(sys.base_prefix)]
+        cfg = Path(sys.prefix) / "pyvenv.cfg"  # merlin's own
+        for line in cfg.read_text(errors="replace").splitlines() if cfg.is_file() else ():
             key, _, value = line.partition("=")
             if key.strip() == "home" and value.strip():
                 folders.append(Path(value.strip()).parent)

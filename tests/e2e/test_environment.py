@@ -11,12 +11,20 @@ the first job's environment.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import sqlite3
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import git, make_repo
+from merlin_flow.config import MerlinConfig, Tier
+from merlin_flow.settings import Settings
+from merlin_flow.workspace.checkout import confine
+from merlin_flow.workspace.environment import ensure_environment
+from merlin_flow.workspace.network import outbound_problem
+from merlin_flow.workspace.sandbox import run_confined
+from tests.conftest import git, make_repo, require_bwrap
 from tests.e2e.helpers import merlin, merlin_env, one_step, write_job_files
 
 pytestmark = pytest.mark.e2e
@@ -153,3 +161,92 @@ def test_a_failing_setup_fails_the_job_once_with_its_output(tmp_path: Path, py_r
     assert len(first["attempts"]) == 1  # the job failed once, not once per attempt
     assert all(step["status"] == "Skipped" for step in rest)
     assert not [p for p in (tmp_path / "home" / "envs").iterdir() if p.is_dir()]
+
+
+HOOKED_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "hooked"
+version = "0.1.0"
+dependencies = ["iniconfig"]
+
+[tool.hatch.build.targets.wheel]
+packages = ["src/hooked"]
+
+[tool.hatch.build.hooks.custom]
+"""
+HOOK = """\
+import os
+import socket
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+TARGETS = TARGETS_HERE
+
+
+class CallHome(BuildHookInterface):
+    def initialize(self, version, build_data):
+        found = []
+        for host, port in TARGETS:
+            try:
+                socket.create_connection((host, port), timeout=3).close()
+                found.append(f"{host}:{port} reached")
+            except OSError as exc:
+                found.append(f"{host}:{port} refused ({type(exc).__name__})")
+        with open(os.path.join(os.environ["MERLIN_ENV"], "hook.txt"), "a") as out:
+            out.write("\\n".join(found) + "\\n")
+"""
+
+
+def test_an_install_hook_a_model_wrote_reaches_no_service_beside_the_worker(
+    tmp_path: Path,
+) -> None:
+    """A later job's setup of the base commit runs a merged build hook: outbound only.
+
+    The hook (hatchling's custom build hook, run by uv's editable install) tries the
+    host's 127.0.0.1 and its 0.0.0.0 listeners; the project's dependency still installs
+    from the registry.
+    """
+    require_bwrap()
+    problem = outbound_problem()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"pasta is required in CI: {problem}")
+        pytest.skip(problem)
+    loopback = socket.create_server(("127.0.0.1", 0))
+    everywhere = socket.create_server(("0.0.0.0", 0))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.connect(("198.51.100.1", 9))  # the host's address on its default route
+        address = udp.getsockname()[0]
+    port, other = loopback.getsockname()[1], everywhere.getsockname()[1]
+    targets = [("127.0.0.1", port), ("0.0.0.0", other), (address, other)]
+    repo = make_repo(
+        tmp_path / "hooked",
+        {
+            "pyproject.toml": HOOKED_PYPROJECT,
+            "hatch_build.py": HOOK.replace("TARGETS_HERE", repr(targets)),
+            "src/hooked/__init__.py": "import iniconfig\n",
+        },
+    )
+    base = git(repo, "rev-parse", "HEAD")  # the hook was merged: it is the job's base now
+    settings = Settings(
+        home=tmp_path / "home", uv_cache_dir=Path(os.environ["MERLIN_UV_CACHE_DIR"])
+    )
+    config = MerlinConfig(tiers=[Tier(name="t", model="scripted/none.yaml")])
+    built = ensure_environment(settings, config, repo, base, "hooked", trusted=base)
+    assert built is not None
+    assert built.network.startswith("outbound only")
+    found = (built.path / "hook.txt").read_text()
+    assert "reached" not in found, found
+    assert found.count("refused") >= len(targets)
+    for listener in (loopback, everywhere):
+        listener.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nothing came
+        listener.close()
+    box = confine(repo, built, config)  # a step: the registry's package is installed
+    result = run_confined(["python", "-c", "import hooked, iniconfig"], box, config.sandbox, 60)
+    assert result.ok, result.output_tail

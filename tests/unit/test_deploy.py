@@ -49,8 +49,10 @@ REQUIRED_TOKEN = re.compile(r"\$\{MERLIN_UI_TOKEN:\?[^}]+\}")
 """Compose's form for a variable the shell must set: no default, an error without it."""
 BWRAP_SYSCALLS = ("clone", "unshare", "mount", "umount2", "pivot_root")
 """What bubblewrap calls beyond Docker's default profile (strace of merlin's command line)."""
+PASTA_SYSCALLS = ("setns",)
+"""What setup's outbound network adds: pasta and the launcher join the sandbox's namespaces."""
 NOT_NEEDED = (
-    "setns", "sethostname", "setdomainname", "chroot", "bpf", "perf_event_open", "open_tree",
+    "sethostname", "setdomainname", "chroot", "bpf", "perf_event_open", "open_tree",
     "move_mount", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr", "init_module",
     "finit_module", "delete_module", "kexec_load", "reboot", "open_by_handle_at", "keyctl",
     "add_key", "request_key", "syslog", "acct", "swapon", "swapoff", "quotactl", "iopl",
@@ -776,7 +778,7 @@ def _profile_problems(profile: dict[str, Any]) -> list[str]:
         problems.append(f"Docker-only keys, ignored by containerd: {sorted(docker_only)}")
     allowed = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW"
                and not rule.get("args") for name in rule["names"]}  # fmt: skip
-    if missing := [name for name in BWRAP_SYSCALLS if name not in allowed]:
+    if missing := [name for name in (*BWRAP_SYSCALLS, *PASTA_SYSCALLS) if name not in allowed]:
         problems.append(f"bwrap's calls refused: {missing}")
     if extra := sorted(allowed & set(NOT_NEEDED)):
         problems.append(f"calls bwrap does not need allowed: {extra}")
@@ -788,12 +790,12 @@ def test_the_seccomp_profile_allows_what_bwrap_calls_and_no_more() -> None:
     assert _profile_problems(profile) == []
     broken = copy.deepcopy(profile)
     broken["syscalls"][-1]["names"].remove("pivot_root")
-    broken["syscalls"].append({"names": ["setns"], "action": "SCMP_ACT_ALLOW",
+    broken["syscalls"].append({"names": ["open_tree"], "action": "SCMP_ACT_ALLOW",
                                "includes": {"caps": ["CAP_SYS_ADMIN"]}})  # fmt: skip
     assert _profile_problems(broken) == [
         "Docker-only keys, ignored by containerd: ['includes']",
         "bwrap's calls refused: ['pivot_root']",
-        "calls bwrap does not need allowed: ['setns']",
+        "calls bwrap does not need allowed: ['open_tree']",
     ]
 
 
@@ -899,3 +901,39 @@ def test_merlins_sandbox_starts_under_the_profile_and_needs_each_call_it_adds(
         assert result.stderr.startswith("bwrap: "), result.stderr
     else:
         assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("refused", [(), PASTA_SYSCALLS], ids=["profile", "without-setns"])
+def test_setups_outbound_network_starts_under_the_profile_and_needs_setns(
+    refused: tuple[str, ...], sandbox_argv: list[str], tmp_path: Path
+) -> None:
+    """Setup's sandbox, pasta attached (merlin_flow/workspace/network_launcher.py), starts
+    under the profile as shipped; without setns the launcher cannot attach pasta, and the
+    command does not run (it never runs on a network it was not meant to have)."""
+    from merlin_flow.workspace.network import outbound_problem
+    from merlin_flow.workspace.sandbox import Confinement, bwrap_arguments
+
+    problem = outbound_problem()
+    if problem and os.environ.get("CI"):
+        pytest.fail(problem)
+    if problem:
+        pytest.skip(problem)
+    folder = Path(sandbox_argv[sandbox_argv.index("/workspace") - 1])  # the fixture's worktree
+    marker = "ran-on-the-outbound-network"
+    argv = bwrap_arguments(Confinement(folder, network=True), {"PATH": "/usr/bin:/bin"})
+    if os.geteuid() == 0:  # run as the image's user (see _UNDER_PROFILE)
+        at = argv.index("--runas")  # a user's pasta keeps its own uid
+        del argv[at : at + 2]
+        # The launcher is stdlib only: the system's interpreter runs it for any user.
+        argv[0] = shutil.which("python3", path="/usr/bin:/bin") or argv[0]
+    profile = json.loads(PROFILE.read_text())
+    (rule,) = [r for r in profile["syscalls"] if set(PASTA_SYSCALLS) <= set(r["names"])]
+    rule["names"] = [name for name in rule["names"] if name not in refused]
+    result = _run_under(profile, [*argv, "--", "echo", marker])
+    if refused:
+        assert result.returncode != 0
+        assert marker not in result.stdout
+        assert "pasta" in result.stderr, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert marker in result.stdout

@@ -16,7 +16,7 @@ from merlin_flow.tools.permissions import Permissions
 from merlin_flow.workspace.checkout import Checkout, open_checkout, permission_masks
 from merlin_flow.workspace.repository import JobRepository, repository_of
 from merlin_flow.workspace.sandbox import unenforceable
-from tests.conftest import git
+from tests.conftest import git, require_bwrap
 
 
 def perms(root: Path | None = None, **lists: Any) -> Permissions:
@@ -160,3 +160,35 @@ def test_a_plain_folder_is_a_checkout_of_its_own(tmp_path: Path) -> None:
     assert (checkout.worktree, checkout.environment) == (tmp_path.resolve(), None)
     assert checkout.sandbox == Sandbox()  # the bubblewrap sandbox by default
     assert checkout.confinement.path  # merlin's interpreter first on PATH
+
+
+def test_the_files_setup_generated_never_go_through_a_link_of_the_commit(
+    py_repo: Path, tmp_path: Path
+) -> None:
+    """An attempt links ``hooklink`` to the user's ``.git/hooks``; its build makes a hook.
+
+    The build replaces the link by a folder with an (ignored) ``post-commit`` in its
+    checkout, so the file is kept; the old worker then copied it through the link of
+    every worktree of the commit, into the user's repository, executable.
+    """
+    require_bwrap()
+    hooks = py_repo / ".git" / "hooks"
+    (py_repo / "hooklink").symlink_to(hooks)
+    (py_repo / ".gitignore").write_text("post-commit\n")
+    (py_repo / "build.sh").write_text(
+        "rm hooklink && mkdir hooklink && printf '#!/bin/sh\\ntouch /tmp/owned\\n' "
+        "> hooklink/post-commit && chmod +x hooklink/post-commit\n"
+    )
+    git(py_repo, "add", "-A")
+    git(py_repo, "commit", "-qm", "a link and a build script")
+    config = MerlinConfig(
+        tiers=[Tier(name="t", model="scripted/x.yaml")],
+        environment=Environment(setup=["sh build.sh"]),
+    )
+    settings, repository, commit = _head(py_repo, tmp_path)
+    with open_checkout(settings, config, repository, commit, tmp_path / "wt") as checkout:
+        assert checkout.environment is not None
+        kept = checkout.environment.path / ".merlin-workspace" / "hooklink" / "post-commit"
+        assert kept.is_file()  # generated, and kept: only never written through the link
+        assert (checkout.worktree / "hooklink").is_symlink()
+    assert not (hooks / "post-commit").exists()

@@ -17,8 +17,8 @@ from merlin_flow.workspace.default_setup import (
     project_kinds,
 )
 from merlin_flow.workspace.exit_commands import ProjectKind
-from merlin_flow.workspace.sandbox import Confinement, bwrap_arguments
-from tests.conftest import git, make_repo
+from merlin_flow.workspace.sandbox import Confinement, bwrap_arguments, run_confined
+from tests.conftest import git, make_repo, require_bwrap
 
 RUST, NODE, GO, PYTHON = ProjectKind.RUST, ProjectKind.NODE, ProjectKind.GO, ProjectKind.PYTHON
 
@@ -114,3 +114,27 @@ def test_without_bwrap_the_host_paths_are_used(tmp_path: Path) -> None:
     assert box.variables["GOCACHE"] == f"{env}/build/go"
     assert box.variables["GOMODCACHE"] == f"{env}/gomod"
     assert (box.writable, box.worktree_binds) == ((), ())
+
+
+def test_a_linked_build_cache_or_node_modules_is_never_bound(tmp_path: Path) -> None:
+    """The sandbox binds them by their host paths: a link from setup is not followed.
+
+    The old binds gave a step read-write access to any host folder at ``/merlin/build``,
+    and read access to any at ``/workspace/node_modules``.
+    """
+    env, worktree, victim = tmp_path / "env", tmp_path / "worktree", tmp_path / "victim"
+    for folder in (env, worktree, victim):
+        folder.mkdir()
+    (victim / "secret").write_text("the user's file\n")
+    (env / "build").symlink_to(victim)
+    (env / "node_modules").symlink_to(victim)
+    box = confine_kinds(
+        Confinement(worktree=worktree, env_dir=env), [NODE, RUST], Sandbox(), setup=False
+    )
+    assert [host for host, _ in box.writable if host.resolve() == victim] == []
+    assert box.worktree_binds == ()
+    require_bwrap()
+    script = f"echo written > {BUILD_INSIDE}/planted; cat /workspace/node_modules/secret"
+    result = run_confined(["/bin/sh", "-c", script], box, Sandbox(), 30)
+    assert not (victim / "planted").exists()
+    assert "the user's file" not in result.output_tail

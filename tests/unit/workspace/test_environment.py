@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
+import http.server
+import os
+import shutil
 import socket
+import subprocess
+import sys
 import threading
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,12 +23,17 @@ from merlin_flow.errors import SetupFailed
 from merlin_flow.settings import Settings
 from merlin_flow.tool_config import Environment
 from merlin_flow.workspace.checkout import confine
+from merlin_flow.workspace.default_setup import interpreter
 from merlin_flow.workspace.environment import (
     MARKER_FILE,
+    BuiltEnvironment,
     ensure_environment,
     plan_environment,
+    prepare_worktree,
+    setup_checkouts,
 )
 from merlin_flow.workspace.exit_commands import ProjectKind
+from merlin_flow.workspace.network import describe
 from merlin_flow.workspace.sandbox import run_confined
 from tests.conftest import git, make_repo, require_bwrap
 
@@ -210,12 +225,17 @@ def test_setup_sees_the_project_at_workspace_and_steps_see_their_own_worktree(
 
 
 def test_a_build_for_dependency_files_a_step_changed_gets_no_network(
-    src_repo: Path, settings: Settings, needs_bwrap: None
+    src_repo: Path, settings: Settings, needs_bwrap: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A build hook a step added reaches nothing, unless a --config file allows it."""
+    """A build hook a step added reaches nothing, unless a --config file allows it.
+
+    The listener stands for the worker's proxy: the base commit's setup has the outbound
+    network, which reaches a proxy on the host's loopback that HTTPS_PROXY names.
+    """
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(5)
     port = listener.getsockname()[1]
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{port}")
     reach = (
         f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 3)\" "
         '&& touch "$MERLIN_ENV/reached"'
@@ -253,3 +273,328 @@ def test_a_repositorys_own_config_cannot_give_such_builds_the_network(tmp_path: 
     own = tmp_path / "mine.toml"
     own.write_text("[environment]\nattempt_network = true\n")
     assert load_config(repo, own).environment.attempt_network
+
+
+# -- issue 45: what runs at build time, and what the worker takes of a build -----------------
+
+
+def ignoring(repo: Path, *names: str) -> str:
+    """``repo`` with a .gitignore of ``names`` committed: files setup may generate."""
+    return commit(repo, {".gitignore": "".join(f"{name}\n" for name in names)})
+
+
+def build_or_refusal(
+    settings: Settings, cfg: MerlinConfig, repo: Path, base: str
+) -> BuiltEnvironment | SetupFailed | None:
+    """The environment of the job's base ``base``, or the refusal of its build."""
+    try:
+        return ensure_environment(settings, cfg, repo, base, "repo", trusted=base)
+    except SetupFailed as refused:
+        return refused
+
+
+@pytest.mark.parametrize("link", ["file", "folder"])
+def test_setup_cannot_make_the_worker_write_through_a_link_in_the_overlay(
+    src_repo: Path, settings: Settings, tmp_path: Path, needs_bwrap: None, link: str
+) -> None:
+    """A link setup plants where the worker keeps the generated files leads nowhere.
+
+    The old worker copied ``gen.txt`` through ``.merlin-workspace/gen.txt`` (or through
+    a linked ``.merlin-workspace``) onto the host file it names.
+    """
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "gen.txt").write_text("precious\n")
+    planted = (
+        f'mkdir -p "$MERLIN_ENV/.merlin-workspace" && ln -s {victim}/gen.txt '
+        '"$MERLIN_ENV/.merlin-workspace/gen.txt"'
+        if link == "file"
+        else f'ln -s {victim} "$MERLIN_ENV/.merlin-workspace"'
+    )
+    cfg = config(setup=[planted, "echo planted > /workspace/gen.txt"])
+    base = ignoring(src_repo, "gen.txt")
+    built = build_or_refusal(settings, cfg, src_repo, base)
+    assert (victim / "gen.txt").read_text() == "precious\n"
+    assert isinstance(built, SetupFailed)
+    assert "`$MERLIN_ENV/.merlin-workspace`" in str(built)
+    assert [p for p in settings.envs_dir.iterdir() if p.is_dir()] == []
+
+
+def test_setup_cannot_make_the_worker_copy_a_host_file_into_worktrees(
+    src_repo: Path, settings: Settings, tmp_path: Path, needs_bwrap: None
+) -> None:
+    """A link in the overlay to a host file (``/proc/self/environ``...) is never read.
+
+    Built by setup, the environment is refused; one already on disk with such a link (as
+    the old worker left them) gives worktrees nothing through it.
+    """
+    secret = tmp_path / "secret.txt"
+    secret.write_text("OPENAI_API_KEY=sk-host-only\n")
+    plant = (
+        f'mkdir -p "$MERLIN_ENV/.merlin-workspace" && '
+        f'ln -s {secret} "$MERLIN_ENV/.merlin-workspace/leak.txt"'
+    )
+    cfg = config(setup=[plant])
+    base = head(src_repo)
+    built = build_or_refusal(settings, cfg, src_repo, base)
+    if isinstance(built, BuiltEnvironment):
+        git(src_repo, "worktree", "add", "-q", "--detach", str(tmp_path / "first"), base)
+        prepare_worktree(built, tmp_path / "first")
+        assert not (tmp_path / "first" / "leak.txt").exists()
+    assert isinstance(built, SetupFailed)
+
+    old = tmp_path / "old-env"
+    (old / ".merlin-workspace" / "sub").mkdir(parents=True)
+    (old / MARKER_FILE).write_text("{}\n")
+    (old / ".merlin-workspace" / "leak.txt").symlink_to(secret)
+    (old / ".merlin-workspace" / "sub" / "leak.txt").symlink_to(secret)
+    (old / ".merlin-workspace" / "kept.txt").write_text("generated\n")
+    worktree = tmp_path / "wt"
+    worktree.mkdir()
+    prepare_worktree(BuiltEnvironment(old, built=False), worktree)
+    assert not (worktree / "leak.txt").exists()
+    assert not (worktree / "sub" / "leak.txt").exists()
+    assert (worktree / "kept.txt").read_text() == "generated\n"
+
+
+@pytest.mark.parametrize("name", ["build", "node_modules", "pyvenv.cfg"])
+def test_an_environment_setup_linked_what_the_sandbox_binds_in_is_refused(
+    src_repo: Path, settings: Settings, tmp_path: Path, needs_bwrap: None, name: str
+) -> None:
+    """``build``, ``node_modules`` and ``pyvenv.cfg`` made links to host paths: refused.
+
+    With the old worker, a step then wrote the linked folder at ``/merlin/build``, read it
+    at ``/workspace/node_modules``, or read the folder a linked ``pyvenv.cfg`` named.
+    """
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "secret").write_text("the user's file\n")
+    (victim / "cfg").write_text(f"home = {victim}/bin\n")
+    target = victim / "cfg" if name == "pyvenv.cfg" else victim
+    cfg = config(setup=[f'rm -rf "$MERLIN_ENV/{name}" && ln -s {target} "$MERLIN_ENV/{name}"'])
+    built = build_or_refusal(settings, cfg, src_repo, head(src_repo))
+    if isinstance(built, BuiltEnvironment):
+        worktree = tmp_path / "attempt"
+        worktree.mkdir()
+        (worktree / "package.json").write_text("{}\n")  # a Node project: node_modules bound
+        (worktree / "Cargo.toml").write_text("")  # a Rust one: the build cache bound
+        box = confine(worktree, built, cfg)
+        script = (
+            "echo written > /merlin/build/planted; "
+            f"cat /workspace/node_modules/secret {victim}/secret"
+        )
+        result = run_confined(["/bin/sh", "-c", script], box, cfg.sandbox, 30)
+        assert not (victim / "planted").exists()
+        assert "the user's file" not in result.output_tail
+    assert isinstance(built, SetupFailed)
+    assert f"`$MERLIN_ENV/{name}` as a symbolic link" in str(built)
+
+
+def test_a_commit_with_the_bases_key_gets_the_environment_built_from_the_base(
+    src_repo: Path, settings: Settings, tmp_path: Path, needs_bwrap: None
+) -> None:
+    """Build code outside the key files is the base's, even on a machine that never saw it.
+
+    The attempt changes ``build.sh`` (no key file) to plant a ``conftest.py``. A verify
+    worker with an empty ``MERLIN_HOME`` checks out only the attempt's commit; the old
+    worker built from it, with the network, and a later job at the base got its plant.
+    """
+    cfg = config(setup=["sh /workspace/build.sh"])
+    base = commit(src_repo, {"build.sh": 'echo base > "$MERLIN_ENV/built-by"\n'})
+    attempt = commit(
+        src_repo,
+        {
+            ".gitignore": "conftest.py\n",
+            "build.sh": 'echo attempt > "$MERLIN_ENV/built-by"\n'
+            "echo 'import os' > /workspace/conftest.py\n",
+        },
+    )
+    assert plan_environment(src_repo, attempt, cfg).key == plan_environment(src_repo, base, cfg).key
+    verify = ensure_environment(settings, cfg, src_repo, attempt, "repo", trusted=base)
+    assert verify is not None
+    assert verify.built
+    assert (verify.path / "built-by").read_text() == "base\n"
+    assert verify.network != describe(False)  # the base's own build: the network
+
+    later = ensure_environment(settings, cfg, src_repo, base, "repo", trusted=base)
+    assert later is not None
+    assert (later.path, later.built) == (verify.path, False)
+    worktree = tmp_path / "later"
+    git(src_repo, "worktree", "add", "-q", "--detach", str(worktree), base)
+    prepare_worktree(later, worktree)
+    assert not (worktree / "conftest.py").exists()
+
+
+def test_an_environment_a_step_changed_the_key_of_is_that_commits_alone(
+    src_repo: Path, settings: Settings, needs_bwrap: None
+) -> None:
+    """Built offline from the attempt's tree, it is never found by another commit or job.
+
+    The old worker stored it under the key alone: another attempt with the same
+    dependency change, and a later job whose base has it (the branch merged), reused it.
+    """
+    cfg = config(setup=['cp /workspace/build.sh "$MERLIN_ENV/built-from"'])
+    base = commit(src_repo, {"build.sh": "base\n"})
+    changed = HATCH_PROJECT + "\n# a new dependency\n"
+    first = commit(src_repo, {"pyproject.toml": changed, "build.sh": "first attempt\n"})
+    built = ensure_environment(settings, cfg, src_repo, first, "repo", trusted=base)
+    assert built is not None
+    assert built.built
+    assert built.network == describe(False)
+    assert (built.path / "built-from").read_text() == "first attempt\n"
+    again = ensure_environment(settings, cfg, src_repo, first, "repo", trusted=base)
+    assert again is not None
+    assert (again.path, again.built) == (built.path, False)  # its own verify reuses it
+
+    git(src_repo, "checkout", "-q", base)
+    second = commit(src_repo, {"pyproject.toml": changed, "build.sh": "second attempt\n"})
+    other = ensure_environment(settings, cfg, src_repo, second, "repo", trusted=base)
+    assert other is not None
+    assert other.built
+    assert other.path != built.path
+    assert (other.path / "built-from").read_text() == "second attempt\n"
+
+    merged = ensure_environment(settings, cfg, src_repo, first, "repo", trusted=first)
+    assert merged is not None
+    assert merged.built  # a later job on the merged commit: built again, with the network
+    assert merged.path not in (built.path, other.path)
+    assert merged.network != describe(False)
+
+
+TINY_WHEEL = "tinypkg-1.0-py3-none-any.whl"
+
+
+def tiny_index(root: Path) -> Path:
+    """A one-package simple index (PEP 503) in ``root``: ``tinypkg`` 1.0, ``VALUE = 42``."""
+    files = {
+        "tinypkg/__init__.py": b"VALUE = 42\n",
+        "tinypkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        "tinypkg-1.0.dist-info/WHEEL": (
+            b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+
+    def digest(data: bytes) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{path},sha256={digest(data)},{len(data)}\n" for path, data in files.items())
+    (root / "files").mkdir(parents=True)
+    wheel = root / "files" / TINY_WHEEL
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+        archive.writestr(
+            "tinypkg-1.0.dist-info/RECORD", record + "tinypkg-1.0.dist-info/RECORD,,\n"
+        )
+    (root / "simple" / "tinypkg").mkdir(parents=True)
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    link = f'<a href="../../files/{TINY_WHEEL}#sha256={sha}">{TINY_WHEEL}</a>'
+    (root / "simple" / "tinypkg" / "index.html").write_text(f"<html><body>{link}</body></html>")
+    return root
+
+
+def test_a_build_without_the_network_installs_from_the_caches_and_writes_none_of_them(
+    src_repo: Path, settings: Settings, tmp_path: Path, needs_bwrap: None
+) -> None:
+    """uv, offline, finds what the shared cache holds; what the build writes stays its own.
+
+    The old worker bound the shared caches read-write into every build: the model's build
+    code could plant there what every later setup on the machine (any repository, with the
+    network) would use.
+    """
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not installed")
+    index = tiny_index(tmp_path / "index")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(index))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+    cache = settings.uv_cache
+    try:  # the shared cache as an earlier build with the network left it
+        venv = tmp_path / "populate"
+        run = {"env": {**os.environ, "UV_CACHE_DIR": str(cache)}, "check": True}
+        subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], **run)
+        install = [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python")]
+        subprocess.run([*install, "--index-url", url, "tinypkg"], **run)
+    finally:
+        server.shutdown()
+        server.server_close()
+    before = sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))
+    setup = [
+        f'uv venv --quiet --allow-existing --python {interpreter()} "$MERLIN_ENV"',
+        f"uv pip install --quiet --index-url {url} tinypkg",
+        'echo planted > "$UV_CACHE_DIR/planted"; echo planted > "$npm_config_cache/planted"',
+    ]
+    cfg = config(setup=setup)
+    base = head(src_repo)
+    changed = commit(src_repo, {"pyproject.toml": HATCH_PROJECT + "\n# tinypkg\n"})
+    built = ensure_environment(settings, cfg, src_repo, changed, "repo", trusted=base)
+    assert built is not None
+    assert built.network == describe(False)
+    box = confine(src_repo, built, cfg)
+    result = run_confined(
+        ["python", "-c", "import tinypkg; print(tinypkg.VALUE)"], box, cfg.sandbox, 30
+    )
+    assert result.output_tail.strip() == "42", result.output_tail
+    assert not (cache / "planted").exists()
+    assert not (settings.npm_cache / "planted").exists()
+    assert sorted(str(p.relative_to(cache)) for p in cache.rglob("*")) == before
+    assert list(setup_checkouts(settings).iterdir()) == []  # the private copies are gone
+
+
+def test_a_marker_setup_writes_is_never_taken_for_a_ready_environment(
+    src_repo: Path, settings: Settings, needs_bwrap: None
+) -> None:
+    """While setup runs, another step of the key waits for the build: it never takes the
+    folder setup is still writing (its own marker in it) for a ready environment."""
+    started = 'touch "$MERLIN_ENV/started"; echo \'{}\' > "$MERLIN_ENV/.merlin-env.json"'
+    cfg = config(setup=[started, "sleep 1"])
+    results: list[object] = []
+
+    def build() -> None:
+        results.append(build_or_refusal(settings, cfg, src_repo, head(src_repo)))
+
+    first = threading.Thread(target=build)
+    first.start()
+    plan = plan_environment(src_repo, head(src_repo), cfg, str(src_repo))
+    deadline = time.monotonic() + 30
+    while not any(settings.envs_dir.glob(f"*-{plan.key}/started")):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    build()  # meanwhile
+    first.join()
+    assert [type(result) for result in results] == [SetupFailed, SetupFailed]
+
+
+def test_the_build_of_a_steps_dependency_change_writes_no_shared_cache_even_with_the_network(
+    src_repo: Path, settings: Settings, needs_bwrap: None
+) -> None:
+    """``attempt_network`` gives the model's build the network, never the shared caches."""
+    plant = 'echo planted > "$UV_CACHE_DIR/planted"; echo planted > "$npm_config_cache/planted"'
+    cfg = config(setup=[plant])
+    cfg.environment.attempt_network = True
+    base = head(src_repo)
+    changed = commit(src_repo, {"pyproject.toml": HATCH_PROJECT + "\n# a build hook\n"})
+    built = ensure_environment(settings, cfg, src_repo, changed, "repo", trusted=base)
+    assert built is not None
+    assert built.network != describe(False)
+    assert not (settings.uv_cache / "planted").exists()
+    assert not (settings.npm_cache / "planted").exists()
+    again = ensure_environment(settings, cfg, src_repo, base, "repo", trusted=base)
+    assert again is not None
+    assert (settings.uv_cache / "planted").is_file()  # the base's own build: the shared cache
+
+
+def test_the_cache_copies_a_killed_build_leaves_are_swept_with_its_checkout(
+    settings: Settings,
+) -> None:
+    """They lie beside the build's checkout, named for its environment: a sweep that finds
+    no build holding that environment's lock removes them."""
+    from merlin_flow.workspace.worktree_cleanup import clear_setups
+
+    left = setup_checkouts(settings) / "repo-0123456789abcdef-89abcdef.cache"
+    (left / "uv").mkdir(parents=True)
+    (left / "uv" / "CACHEDIR.TAG").write_text("")
+    assert clear_setups(settings) == [left]
+    assert not left.exists()

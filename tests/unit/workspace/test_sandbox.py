@@ -148,8 +148,9 @@ def test_no_network_by_default(box: Confinement) -> None:
     try:
         (box.worktree / "probe.py").write_text(probe)
         assert "refused" in sh("python probe.py", box)
-        with_net = Confinement(**{**box.__dict__, "network": True})
-        assert "connected" in sh("python probe.py", with_net, Sandbox(network=True))
+        # network = true is outbound only (test_network_launcher.py); "host" is the host's.
+        with_net = Confinement(**{**box.__dict__, "network": "host"})
+        assert "connected" in sh("python probe.py", with_net, Sandbox(network="host"))
     finally:
         listener.close()
 
@@ -422,3 +423,25 @@ def test_mode_none_cannot_mask_and_says_so(masked_tree: Confinement) -> None:
     assert unenforceable(masked_tree, BWRAP) is None
     assert unenforceable(Confinement(worktree=masked_tree.worktree), none) is None
     assert SECRET in sh("cat secrets/key", masked_tree, none)  # runs, unmasked: not an error
+
+
+def test_an_environments_pyvenv_cfg_mounts_nothing(box: Confinement, tmp_path: Path) -> None:
+    """Setup writes ``pyvenv.cfg``: its ``home`` never picks a host folder to mount.
+
+    The old ``python_mounts`` bound the parent of whatever ``home`` named, read-only: a
+    build could expose the user's checkout and its ``.git``.
+    """
+    from merlin_flow.workspace.default_setup import interpreter
+
+    victim = tmp_path / "user-checkout"
+    (victim / ".git").mkdir(parents=True)
+    (victim / ".git" / "config").write_text("[remote] url = secret\n")
+    env = tmp_path / "env"
+    env.mkdir()
+    (env / "pyvenv.cfg").write_text(f"home = {victim}/x\nversion = 3\n")
+    mounts = python_mounts(env)
+    assert victim not in mounts
+    base = interpreter().parent.parent  # what setup built on: the base of merlin's Python
+    assert base.is_relative_to("/usr") or base in mounts
+    stepped = replace(box, env_dir=env, read_only=mounts)
+    assert "secret" not in sh(f"cat {victim}/.git/config", stepped)
