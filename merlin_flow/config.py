@@ -23,12 +23,14 @@ from pydantic import (
     model_validator,
 )
 
+from merlin_flow.config_files import SCRIPTED_PREFIX as SCRIPTED_PREFIX
 from merlin_flow.config_files import (
     ConfigFile,
     Layer,
     config_files,
     merge_tables,
     read_toml,
+    refuse_loosening,
 )
 from merlin_flow.errors import ConfigError
 from merlin_flow.scripts import load_script
@@ -42,11 +44,9 @@ from merlin_flow.tool_config import (
     Sandbox,
     SecretScan,
     merge_rules,
-    refuse_loosening,
     user_sections,
 )
 
-SCRIPTED_PREFIX = "scripted/"
 DEFAULT_MAX_TOKENS = 4096
 """Completion tokens a call may produce when its tier sets no `max_tokens`."""
 
@@ -326,7 +326,7 @@ def load_config(
         if file.layer in (Layer.SYSTEM, Layer.USER) and "permissions" in layer:
             site_rules.append((file.path, layer.pop("permissions")))
         if file.layer is Layer.REPOSITORY:
-            refuse_loosening(layer, _strictest(site_rules), file.path)
+            refuse_loosening(layer, _beneath(data, site_rules), file.path, repo or file.path)
         _resolve_scripted_paths(layer, file.path.parent)
         if "tiers" in layer and "routing" not in layer:
             data.pop("routing", None)  # the routing beneath names the tiers beneath
@@ -361,10 +361,10 @@ def load_config(
     return config
 
 
-def _strictest(site_rules: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
-    """What ``refuse_loosening`` compares a repository's file with: the site's rules."""
+def _beneath(data: dict[str, Any], site_rules: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """What ``refuse_loosening`` compares a repository's file with: the trusted files'."""
     denies = any(isinstance(r, dict) and r.get("default") == "deny" for _, r in site_rules)
-    return {"permissions": {"default": "deny"}} if denies else {}
+    return {**data, "permissions": {"default": "deny"} if denies else {}}
 
 
 def check_scripted_files(config: MerlinConfig) -> None:

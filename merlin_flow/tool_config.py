@@ -3,9 +3,10 @@
 `[permissions]`, with the grammar of its rules (``parse_rule``) and how two levels merge
 (``merge_rules``); `[sandbox]` and `[environment]`, where a step's commands run; `[agents]`
 (which agent a step gets), `[mcp_servers]` (whose tools join the built-in ones), `[secrets]`.
-``MerlinConfig`` holds one of each. ``refuse_loosening`` says what a repository's own
-file may not set. The rules are applied by ``merlin_flow.tools.permissions`` (to tool
-calls) and ``merlin_flow.workspace.checkout`` (to what the sandbox mounts).
+``MerlinConfig`` holds one of each; what a repository's own file may not set is
+``merlin_flow.config_files.refuse_loosening``. The rules are applied by
+``merlin_flow.tools.permissions`` (to tool calls) and ``merlin_flow.workspace.checkout``
+(to what the sandbox mounts).
 """
 
 from __future__ import annotations
@@ -230,8 +231,8 @@ class Sandbox(BaseModel):
 
     mode: SandboxMode = SandboxMode.BWRAP
     """`bwrap` (the default; Linux, Debian package `bubblewrap`) or `none` (no sandbox)."""
-    network: bool = False
-    """Give step commands the network. Setup always has it; steps have none by default."""
+    network: bool | Literal["host"] = False
+    """Steps' network: none, `true` (outbound only, as setup's) or `"host"` (setup's too)."""
     pass_env: list[str] = Field(default_factory=list)
     """Names of the worker's environment variables passed into the sandbox (never
     secret-looking names: `*_KEY`, `*_TOKEN`, `*_SECRET`, `*PASSWORD*`)."""
@@ -352,49 +353,3 @@ def user_sections(data: dict[str, Any], source: Path) -> dict[str, Any]:
             f"found {', '.join(others)} (set those in the project's merlin.toml or --config)"
         )
     return data
-
-
-def refuse_loosening(overlay: dict[str, Any], user: dict[str, Any], source: Path) -> None:
-    """A repository's own merlin.toml may tighten what steps may do, never loosen it.
-
-    Its content is as untrusted as its code (a pull request can change it): turning the
-    sandbox off, giving steps the network or passing variables in, an `allow` rule under
-    the user's `default = "deny"`, or a `url` MCP server (the worker itself, outside the
-    sandbox, would talk to an address of the repository's choosing) need a --config file.
-    """
-    problems = []
-    sandbox = overlay.get("sandbox")
-    if isinstance(sandbox, dict):
-        loosened = [
-            key
-            for key, value in sandbox.items()
-            if (key == "mode" and value != "bwrap")
-            or (key == "network" and value is not False)
-            or (key == "pass_env" and value)
-        ]
-        if loosened:
-            problems.append(f"[sandbox] {', '.join(loosened)}")
-    if _table(overlay, "environment").get("attempt_network") not in (None, False):
-        problems.append("[environment] attempt_network")
-    user_default = _table(user, "permissions").get("default")
-    allows = _table(overlay, "permissions").get("allow")
-    if user_default == "deny" and allows:
-        problems.append(
-            '[permissions] allow (the system\'s or your own file sets default = "deny")'
-        )
-    servers = _table(overlay, "mcp_servers")
-    remote = [n for n, s in servers.items() if isinstance(s, dict) and s.get("url") is not None]
-    if remote:
-        problems.append(f"[mcp_servers] with a url ({', '.join(sorted(remote))})")
-    if problems:
-        raise ConfigError(
-            f"{source}: {'; '.join(problems)} would loosen the sandbox, and a "
-            "repository's own merlin.toml may not (its content is untrusted, like its code): "
-            "put these settings in a file you pass with --config"
-        )
-
-
-def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
-    """The table ``data[key]``; {} when it is absent or not a table (validation says so)."""
-    value = data.get(key)
-    return value if isinstance(value, dict) else {}

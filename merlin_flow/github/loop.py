@@ -14,22 +14,29 @@
   runner stops with its workflow run, which is said.
 
 Nothing is pushed to the repository's default branch: a pull request whose branch it is
-is refused. What merlin reads back from the thread (its signed plan, its progress marks,
-what it said) is read from the comments of its own identity only (``own_comments``).
+is refused. A pull request's jobs take their configuration from ``--config``, else from
+the default branch's ``merlin.toml``, never from the pull request's head, which may hold
+the model's commits of an earlier round (``_base_config``). What merlin reads back from
+the thread (its signed plan, its progress marks, what it said) is read from the comments
+of its own identity only (``own_comments``).
 
 Returns the exit code: 0 done, 1 the job failed, 2 bad input (answered in the thread).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
 from merlin_flow.config import load_config
+from merlin_flow.config_files import CONFIG_FILE_NAME
 from merlin_flow.errors import InputError, JobNotFoundError, PlanRefused
 from merlin_flow.github.api import Comment, GitHubApi
 from merlin_flow.github.events import (
@@ -53,7 +60,7 @@ from merlin_flow.planning.reading import to_tasklist
 from merlin_flow.settings import Settings
 from merlin_flow.store import FINAL_JOB_STATUSES, Database, JobStatus, StepStatus
 from merlin_flow.tasklist import TaskList
-from merlin_flow.workspace.git import git
+from merlin_flow.workspace.git import add_worktree, git, remove_worktree
 from merlin_flow.workspace.repository import refusals_as_input_errors, repository_for_input
 
 REJECTED = "<!-- merlin-rejected -->"
@@ -114,6 +121,14 @@ def _act(trigger: Trigger, place: Place, db: Database, settings: Settings) -> in
         if thread.head_ref == default:
             place.api.post(thread.number, _DEFAULT.format(branch=default))
             return 0
+        with _base_config(place, default, settings) as config_path:
+            return _obey(trigger, thread, replace(place, config_path=config_path), db, settings)
+    return _obey(trigger, thread, place, db, settings)
+
+
+def _obey(trigger: Trigger, thread: Thread, place: Place, db: Database, settings: Settings) -> int:
+    """Do what ``trigger`` asks in ``thread``, an issue or a pull request of this repository."""
+    command = trigger.command
     if command is Command.REQUEST and thread.is_pull_request:
         return _review_round(trigger, thread, place, db, settings)
     if command in (Command.PLAN, Command.REQUEST):
@@ -340,6 +355,39 @@ def _check_out(place: Place, branch: str) -> None:
     """Put the checkout at the tip of the pull request's ``branch`` (detached)."""
     with_token(place.workspace, place.token, "fetch", "--quiet", "origin", f"refs/heads/{branch}")
     git("checkout", "--quiet", "--detach", "FETCH_HEAD", cwd=place.workspace)
+
+
+@contextmanager
+def _base_config(place: Place, branch: str, settings: Settings) -> Iterator[Path]:
+    """The configuration file of a pull request's jobs: ``--config``, else ``branch``'s.
+
+    A pull request's head may hold the model's own commits (merlin pushes its rounds
+    there), so no file of it is read. The default ``branch``'s head is checked out beside
+    the workspace; its ``merlin.toml``, checked as a repository's own (``refuse_loosening``),
+    is handed to the jobs as their ``--config``: the same settings, and the pull request's
+    file is not read. A ``--config`` inside the workspace (the workflow's), which moves to
+    the pull request's head, is read from there too. The checkout stays until the job
+    ends: a scripted tier's script is read at each call.
+    """
+    given, top = place.config_path, Path(os.path.abspath(place.workspace))
+    chosen = None if given is None else Path(os.path.abspath(given.expanduser()))
+    if chosen is not None and not chosen.is_relative_to(top):
+        yield chosen
+        return
+    with_token(place.workspace, place.token, "fetch", "--quiet", "origin", f"refs/heads/{branch}")
+    commit = git("rev-parse", "FETCH_HEAD^{commit}", cwd=place.workspace)
+    with tempfile.TemporaryDirectory(prefix="merlin-base-") as folder:
+        tree = add_worktree(place.workspace, Path(folder) / "base", commit)
+        try:
+            own = tree / (CONFIG_FILE_NAME if chosen is None else chosen.relative_to(top))
+            if chosen is None:  # the repository's own file, checked as such
+                load_config(tree, None, settings.home_dir, settings.system_config)
+                if not own.is_file():  # none: the shipped defaults and the system file
+                    own = Path(folder) / CONFIG_FILE_NAME
+                    own.write_text("")
+            yield own
+        finally:
+            remove_worktree(place.workspace, tree)
 
 
 def _key(place: Place) -> str:

@@ -291,8 +291,10 @@ def approve_job(
 ) -> None:
     """Accept a job's plan (or ``tasklist``, an edited one): its branch and steps are made.
 
-    The job is then ``pending``; the caller enqueues it. InputError when the job does not
-    wait for approval, or the TaskList cannot run (unpriced tiers under a budget...).
+    The job is then ``pending``; the caller enqueues it. The steps' exit commands and
+    agents come from the files of the job's base commit, not from the work tree as it is
+    now (it may have moved on, or hold edits, since the request). InputError when the job
+    does not wait for approval, or the TaskList cannot run (unpriced tiers under a budget...).
     """
     with db.reader() as session:
         job = waiting(session.get(Job, job_id), job_id, "approved")
@@ -303,8 +305,8 @@ def approve_job(
     chosen.check_submittable()
     require_priced_tiers(config, chosen, budget)
     repository = repository_of(location, settings)
-    with refusals_as_input_errors(repository), repository.files_at(base) as files:
-        commands = default_exit_commands(chosen, config, files)
+    with refusals_as_input_errors(repository), repository.files_at(base, committed=True) as files:
+        commands = default_exit_commands(chosen, config, files)  # the base's, not today's tree
         agents = choose_agents(chosen.steps, config, load_agents(files, settings.home_dir))
     check_exit_commands(chosen, config, commands)
     book = learned_routes(db, location, config)

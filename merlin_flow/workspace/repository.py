@@ -120,13 +120,14 @@ class JobRepository:
             return git("rev-parse", f"{UPSTREAM_HEAD}^{{commit}}", cwd=self.path)
 
     @contextmanager
-    def files_at(self, commit: str) -> Iterator[Path]:
+    def files_at(self, commit: str, *, committed: bool = False) -> Iterator[Path]:
         """A folder of the repository's files to read ``merlin.toml`` and markers from.
 
-        For a path, the work tree itself (as it is now); for a URL, a temporary worktree
-        of ``commit``, removed afterwards.
+        For a path, the work tree itself (as it is now, to submit from); for a URL, or
+        with ``committed`` (what a job made earlier reads: its work tree may have moved
+        on), a temporary worktree of ``commit``, removed afterwards.
         """
-        if self.url is None:
+        if self.url is None and not committed:
             yield self.path
             return
         folder = add_worktree(self.path, self.scratch / f"files-{uuid.uuid4().hex[:8]}", commit)

@@ -144,3 +144,44 @@ def test_tables_merge_key_by_key_and_the_rest_replaces(tmp_path: Path) -> None:
     assert merged == {"limits": {"a": 1, "b": 3}, "tiers": [1]}
     assert merge_tables({"tiers": [1, 2]}, {"tiers": [3]}) == {"tiers": [3]}
     assert read_toml(write(tmp_path / "a.toml", "x = 1\n")) == {"x": 1}
+
+
+def test_a_repositorys_tier_providers_are_those_whose_endpoint_merlin_knows() -> None:
+    from merlin_flow.config_files import REPOSITORY_PROVIDERS
+    from merlin_flow.models.endpoints import BASE_VARIABLES
+
+    assert frozenset(BASE_VARIABLES) == REPOSITORY_PROVIDERS
+
+
+def test_the_systems_deny_rules_survive_a_repositorys_permissions(places: dict[str, Path]) -> None:
+    write(places["system"], '[permissions]\ndeny = ["Bash(curl:*)"]\ndefault = "deny"\n')
+    write(places["repo"] / "merlin.toml", '[permissions]\ndeny = []\ndefault = "allow"\n')
+    config = load_config(places["repo"], None, places["home"], places["system"])
+    assert (config.permissions.deny, config.permissions.default) == (["Bash(curl:*)"], "deny")
+
+
+def test_each_refusal_says_what_it_would_do_in_one_message(places: dict[str, Path]) -> None:
+    """The sandbox's refusals read as they always did (docs/agents.md shows one); the
+    others are said after them, and may come from the system file too."""
+    own = write(places["repo"] / "merlin.toml", '[sandbox]\nnetwork = true\npass_env = ["A"]\n')
+    with pytest.raises(ConfigError) as refused:
+        load_config(places["repo"], None, places["home"], places["system"])
+    assert str(refused.value) == (
+        f"{own.resolve()}: [sandbox] network, pass_env would loosen the sandbox, and a "
+        "repository's own merlin.toml may not (its content is untrusted, like its code): put "
+        "these settings in a file you pass with --config"
+    )
+    own.write_text(
+        '[sandbox]\nnetwork = true\n\n[secrets]\nallow = ["**"]\n\n'
+        '[[tiers]]\nname = "t"\nmodel = "scripted//etc/x.yaml"\napi_key_env = "GITHUB_TOKEN"\n'
+    )
+    with pytest.raises(ConfigError) as refused:
+        load_config(places["repo"], None, places["home"], places["system"])
+    assert str(refused.value) == (
+        f"{own.resolve()}: [sandbox] network would loosen the sandbox; [[tiers]] api_key_env "
+        "(tier 't') would choose where the worker sends model requests and its keys; "
+        "[[tiers]] model 'scripted//etc/x.yaml' (tier 't') would read a script outside the "
+        "repository; [secrets] allow (**) would exempt paths from the scan for key formats, "
+        "and a repository's own merlin.toml may not (its content is untrusted, like its "
+        "code): put these settings in a file you pass with --config, or in the system file"
+    )

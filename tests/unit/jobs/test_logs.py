@@ -19,17 +19,16 @@ GREP = {"tool_calls": [{"name": "grep", "arguments": {"pattern": "return 4"}}]}
 
 def _repo(tmp_path: Path, answer: dict[str, object]) -> Path:
     """A repository whose one scripted tier greps, then answers with ``answer``."""
-    script = tmp_path / "local.yaml"
     rules = [
         {"match": "You answer questions", "turn": 0, "reply": GREP},
         {"match": "You answer questions", "turn": 1, "reply": answer},
     ]
-    script.write_text(yaml.safe_dump({"rules": rules}))
     return make_repo(
         tmp_path / "repo",
         {
             "app.py": "def answer():\n    return 41\n",
-            "merlin.toml": f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n',
+            "local.yaml": yaml.safe_dump({"rules": rules}),
+            "merlin.toml": '[[tiers]]\nname = "local"\nmodel = "scripted/local.yaml"\n',
         },
     )
 

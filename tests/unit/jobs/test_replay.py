@@ -94,18 +94,17 @@ def test_compare_names_what_a_replay_could_not_reproduce(
 
 def _question(db: Database, settings: Settings, tmp_path: Path) -> str:
     """A question answered by a scripted tier: a grep, then the answer."""
-    script = tmp_path / "local.yaml"
     grep = {"tool_calls": [{"name": "grep", "arguments": {"pattern": "return 4"}}]}
     rules = [
         {"match": "You answer questions", "turn": 0, "reply": grep},
         {"match": "You answer questions", "turn": 1, "reply": {"content": "It returns 41."}},
     ]
-    script.write_text(yaml.safe_dump({"rules": rules}))
     repo = make_repo(
         tmp_path / "repo",
         {
             "app.py": "def answer():\n    return 41\n",
-            "merlin.toml": f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n',
+            "local.yaml": yaml.safe_dump({"rules": rules}),
+            "merlin.toml": '[[tiers]]\nname = "local"\nmodel = "scripted/local.yaml"\n',
         },
     )
     return submit_request(db, settings, "What does answer() return?", str(repo)).job_id
@@ -115,7 +114,7 @@ def test_a_question_is_replayed_from_its_journal(
     db: Database, settings: Settings, tmp_path: Path
 ) -> None:
     original = _question(db, settings, tmp_path)
-    (tmp_path / "local.yaml").write_text("rules: []\n")  # the script is not asked again
+    (tmp_path / "repo" / "local.yaml").write_text("rules: []\n")  # the script is not asked again
     replay = create_replay(db, settings, original)
     report = compare(db, settings, replay)
     assert (report.original_status, report.replay_status, report.steps) == (

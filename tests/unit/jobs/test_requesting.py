@@ -41,16 +41,18 @@ REQUEST = "Add a Point class to geo.py with distance(), and cover it with tests 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """A repository whose merlin.toml names a scripted tier that plans ``PLAN``."""
-    script = tmp_path / "local.yaml"
+    """A repository whose merlin.toml names a scripted tier that plans ``PLAN``.
+
+    The script is inside the repository: a repository's own file names no other file.
+    """
     rules = [{"match": "You plan changes", "turn": 0, "reply": {"content": PLAN}}]
-    script.write_text(yaml.safe_dump({"rules": rules}))
     return make_repo(
         tmp_path / "repo",
         {
             "geo.py": "X = 1\n",
             "pyproject.toml": '[project]\nname = "geo"\nversion = "0"\n',
-            "merlin.toml": f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\n',
+            "local.yaml": yaml.safe_dump({"rules": rules}),
+            "merlin.toml": '[[tiers]]\nname = "local"\nmodel = "scripted/local.yaml"\n',
             "specs/geo.md": "# Geometry\n\n## Invariants\n\nA Point is immutable.\n",
         },
     )
@@ -95,6 +97,25 @@ def test_approval_makes_the_branch_and_the_steps(
     assert job_view(db, made.job_id)["branch"] == job.branch  # it exists now
     with pytest.raises(InputError, match="only a job awaiting approval can be approved"):
         approve_job(db, settings, made.job_id, "ada")
+
+
+def test_approval_reads_the_base_commits_files_not_the_work_tree_as_it_is_now(
+    db: Database, settings: Settings, repo: Path
+) -> None:
+    """The work tree moved on after the request (another branch, a Node project there):
+    the steps' exit commands are those of the commit the job starts at."""
+    made = submit_request(db, settings, REQUEST, str(repo))
+    git(repo, "checkout", "-q", "-b", "elsewhere")
+    git(repo, "rm", "-q", "pyproject.toml")
+    (repo / "package.json").write_text("{}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a Node project now")
+    (repo / "go.mod").write_text("module geo\n")  # and an edit not even committed
+    approve_job(db, settings, made.job_id, "ada")
+    with db.reader() as session:
+        steps = session.get_one(Job, made.job_id).steps
+        assert [step.exit_command for step in steps] == ["python -m pytest -q"] * 2
+    assert not list(settings.worktrees_dir.glob("files-*"))  # the base's files: removed
 
 
 @contextlib.contextmanager

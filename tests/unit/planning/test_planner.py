@@ -89,10 +89,10 @@ def test_questions_and_single_actions_call_no_model(tmp_path: Path) -> None:
 @pytest.fixture
 def repo_with_planner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MERLIN_HOME", str(tmp_path / "home"))
-    script = tmp_path / "planner.yaml"
-    script.write_text(yaml.safe_dump({"rules": [{"match": "geo.py", "reply": {"content": GOOD}}]}))
-    toml = f'[[tiers]]\nname = "local"\nmodel = "scripted/{script}"\nprice_in = 2.0\n'
-    return make_repo(tmp_path / "repo", {"geo.py": "X = 1\n", "merlin.toml": toml})
+    script = yaml.safe_dump({"rules": [{"match": "geo.py", "reply": {"content": GOOD}}]})
+    toml = '[[tiers]]\nname = "local"\nmodel = "scripted/planner.yaml"\nprice_in = 2.0\n'
+    files = {"geo.py": "X = 1\n", "planner.yaml": script, "merlin.toml": toml}
+    return make_repo(tmp_path / "repo", files)
 
 
 def test_merlin_plan_prints_json_and_writes_a_tasklist(
