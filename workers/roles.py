@@ -1,13 +1,16 @@
 """How a worker process starts: signal hooks for the real worker, and the embedded one.
 
 ``merlin worker`` runs Celery's own worker (``celery -A workers.app worker``): before the
-pool forks, litellm is imported once; when the worker is ready, the recovery sweeper starts.
+pool forks, litellm is imported once; when the worker is ready, the recovery sweeper starts;
+a warm shutdown (SIGTERM) waits for its running tasks ``merlin_shutdown_grace`` seconds at
+most, then hands their steps back (``workers.shutdown``).
 ``merlin run`` and ``merlin demo`` use ``EmbeddedWorker``: the same tasks on a solo pool in a
 thread of the calling process.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -16,16 +19,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.bootsteps import RUN
+from celery.signals import worker_init, worker_ready, worker_shutdown, worker_shutting_down
 from kombu import Exchange, Queue
 
 from merlin_flow.engine.leases import set_worker_name
 from merlin_flow.models.llm import preload
 from workers.queues import ALL_QUEUES
+from workers.shutdown import DEFAULT_GRACE, ShutdownBound
 from workers.sweeper import Sweeper
 from workers.tasks import runtime
 
 _sweepers: list[Sweeper] = []
+_bounds: list[ShutdownBound] = []
+_controllers: list[Any] = []
+"""The workers (``WorkController``) of ``merlin worker`` that became ready in this process."""
 
 
 @worker_init.connect
@@ -43,6 +51,30 @@ def _start_sweeper(sender: Any = None, **_: Any) -> None:
     sweeper = Sweeper(db, settings, getattr(sender, "hostname", "worker"), queues)
     sweeper.start()
     _sweepers.append(sweeper)
+    _controllers.append(getattr(sender, "controller", None))
+    from workers.canvas import enqueue_job
+
+    grace = getattr(getattr(sender, "app", None), "conf", {}).get("merlin_shutdown_grace")
+    pool: Any = getattr(sender, "pool", None)
+    blueprint: Any = getattr(sender, "blueprint", None)
+    bound = ShutdownBound(
+        db,
+        settings,
+        DEFAULT_GRACE if grace is None else float(grace),
+        enqueue_job,
+        _stop_sweepers,
+        kill=lambda pid: pool.terminate_job(pid, signal.SIGKILL),
+        consuming=lambda: getattr(blueprint, "state", None) == RUN,
+    )
+    _bounds.append(bound)
+
+
+@worker_shutting_down.connect
+def _bound_the_shutdown(how: str = "", **_: Any) -> None:
+    # Sent by Celery's signal handlers of `merlin worker` only (not the embedded worker's).
+    if how == "Warm":
+        for bound in _bounds:
+            bound.signalled()
 
 
 @worker_shutdown.connect
@@ -51,6 +83,14 @@ def _stop_sweepers(**_: Any) -> None:
         sweeper.stop()
     for sweeper in _sweepers:
         sweeper.join(timeout=5)  # it removes the worker's beat on its way out
+
+
+def worker_exit_code() -> int | None:
+    """The exit code of the ``merlin worker`` that ran here; None if none became ready."""
+    if not _controllers:
+        return None
+    code = getattr(_controllers[-1], "exitcode", None)
+    return code if isinstance(code, int) else 0
 
 
 class EmbeddedWorker:

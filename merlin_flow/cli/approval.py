@@ -22,9 +22,11 @@ from merlin_flow.cli.common import (
     JobArg,
     JsonOption,
     WaitOption,
+    check_path,
     console,
     err_console,
     guarded,
+    path_problem,
     state,
 )
 from merlin_flow.errors import InputError
@@ -55,12 +57,18 @@ def tasklist_file(argument: str) -> Path | None:
     """The TaskList file ``argument`` names; None when it is a request in plain words.
 
     A single word that ends like a TaskList file but names none is a mistyped path, not a
-    request: InputError.
+    request: InputError; so is a single word with a ``/`` that no file system takes (a
+    name or a path too long). A request longer than a file name may be is a request.
     """
+    words = argument.split()
+    one_path = len(words) == 1 and (argument.lower().endswith(TASKLIST_SUFFIXES) or "/" in argument)
+    if path_problem(argument) is not None:
+        if one_path:
+            check_path(argument, "TASKLIST")
+        return None
     path = Path(argument)
     if path.is_file():
         return path
-    words = argument.split()
     if len(words) == 1 and argument.lower().endswith(TASKLIST_SUFFIXES):
         raise InputError(f"TaskList file not found: {argument}")
     if path.is_dir():

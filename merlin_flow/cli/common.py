@@ -1,13 +1,15 @@
 """What every command shares: the consoles, the options, the error guard, the store.
 
 Exit codes: 0 success, 1 the job failed (or an internal error), 2 bad input (a usage
-error, an invalid TaskList or config, a path that is not a git work tree...). Heavy
+error, an invalid TaskList or config, a path that is not a git work tree, a path no file
+system takes: a NUL byte, a name or a whole path too long...). Heavy
 modules (SQLAlchemy, Celery, litellm) are imported inside the commands, so that
 ``merlin --help`` starts at once.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -104,7 +106,9 @@ def guarded(work: Callable[[], T]) -> T:
     """Run a command's work; a MerlinError is printed and exits with its code.
 
     An error of the database server or its connection that no retry rode out (an
-    outage, a server fault) is printed in one line and exits 1.
+    outage, a server fault) is printed in one line and exits 1. A file name the file
+    system refuses as too long (one a command made of its input, past the checks of
+    ``Command``) is bad input: one line, exit code 2.
     """
     from sqlalchemy.exc import DBAPIError
 
@@ -113,6 +117,11 @@ def guarded(work: Callable[[], T]) -> T:
     except MerlinError as exc:
         err_console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        name = shortened(os.fsdecode(exc.filename or ""))
+        raise usage_error(f"the file name is too long for the file system: {name}") from None
     except DBAPIError as exc:
         reason = (str(exc.orig or exc).splitlines() or [type(exc).__name__])[0]
         err_console.print(f"[red]error:[/] the database failed: {escape(reason)}", highlight=False)
@@ -153,8 +162,98 @@ def check_report_paths(*paths: Path | None) -> None:
             raise InputError(f"cannot write a report to {path}: {folder} is not a writable folder")
 
 
+SHOWN_PATH = 60
+"""Characters of a refused path an error message shows (a path may be 4 KB long)."""
+
+
+def shortened(text: str) -> str:
+    """``text`` cut to ``SHOWN_PATH`` characters, with an ellipsis when it was longer."""
+    return text if len(text) <= SHOWN_PATH else f"{text[: SHOWN_PATH - 1]}…"
+
+
+def _limit(place: str, name: str, default: int) -> int:
+    """``os.pathconf``'s ``name`` for the nearest existing folder above ``place``."""
+    folder = os.path.dirname(place)
+    while folder != os.path.dirname(folder) and not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return os.pathconf(folder or os.sep, name)
+    except (OSError, ValueError):
+        return default
+
+
+def path_problem(value: str | os.PathLike[str]) -> str | None:
+    """Why no file system takes the path ``value``, as words that follow it; None if none.
+
+    A NUL byte, a name (a component) over the file system's ``NAME_MAX`` bytes (255 on
+    Linux's), or the absolute path over ``PATH_MAX`` (4096 bytes, its NUL included):
+    each is an ``OSError`` or ``ValueError`` at the first use, told here instead.
+    """
+    text = os.fspath(value)
+    encoded = os.fsencode(text)
+    if b"\0" in encoded:
+        return "holds a NUL byte, which no path may"
+    place = os.path.abspath(os.path.expanduser(text))
+    name_max = _limit(place, "PC_NAME_MAX", 255)
+    longest = max(os.fsencode(place).split(b"/"), key=len)
+    if len(longest) > name_max:
+        name = shortened(os.fsdecode(longest))
+        return (
+            f"has a name of {len(longest)} bytes ({name}), over the {name_max} a file name may have"
+        )
+    path_max = _limit(place, "PC_PATH_MAX", 4096)
+    if len(os.fsencode(place)) >= path_max:
+        return (
+            f"is {len(os.fsencode(place))} bytes long as an absolute path, over the "
+            f"{path_max - 1} a path may have"
+        )
+    return None
+
+
+def check_path(value: str | os.PathLike[str], what: str) -> None:
+    """InputError naming ``what`` (an option, an argument) for a path no file system takes."""
+    problem = path_problem(value)
+    if problem is not None:
+        raise InputError(f"{what}: the path {shortened(os.fspath(value))!r} {problem}")
+
+
+def _check_path_params(command: Any, ctx: Any) -> None:
+    """InputError for the first path a command was given that no file system takes.
+
+    Every ``Path`` parameter is checked, and ``--repo`` (a path, or a git URL: then not);
+    an option read from its variable is named with it (``--config (MERLIN_CONFIG)``).
+    """
+    for param in command.params:
+        value = ctx.params.get(param.name)
+        if param.name == "repo" and isinstance(value, str) and value:
+            from merlin_flow.workspace.repository import is_git_url
+
+            if is_git_url(value):
+                continue
+        elif not isinstance(value, Path):
+            continue
+        what = param.opts[0] if param.param_type_name == "option" else (param.metavar or "")
+        what = what or (param.name or "").upper()
+        source = ctx.get_parameter_source(param.name)
+        if getattr(source, "name", None) == "ENVIRONMENT":
+            what = f"{what} ({param.envvar})"
+        check_path(value, what)
+
+
 class Command(TyperCommand):
-    """A command whose usage line reads ``merlin run [OPTIONS] TASKLIST``."""
+    """A command whose usage line reads ``merlin run [OPTIONS] TASKLIST``.
+
+    Before its work, every path it was given is checked (``path_problem``): one no file
+    system takes is a usage error (exit code 2) naming the option, not an ``OSError``.
+    """
+
+    def invoke(self, ctx: Any) -> Any:
+        """The command's work, once its paths are known to be paths."""
+        try:
+            _check_path_params(self, ctx)
+        except InputError as exc:
+            raise usage_error(str(exc)) from None
+        return super().invoke(ctx)
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         """Options, then each argument by its metavar: bare when required, else in []."""

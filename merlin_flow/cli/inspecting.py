@@ -29,12 +29,14 @@ def status(
     """Show a job: status, steps, tiers, attempts, exit codes."""
 
     def work() -> None:
+        from merlin_flow.jobs.space import space_line, space_view
         from merlin_flow.jobs.views import job_view
 
-        _, db = state()
+        settings, db = state()
         view = job_view(db, job_id)
+        space = space_view(db, settings, job_id, view["status"])
         if as_json:
-            console.print_json(json.dumps(view))
+            console.print_json(json.dumps({**view, "space": space}))
             return
         from merlin_flow.cli.render import route_lines, steps_table
 
@@ -46,9 +48,12 @@ def status(
                 return
         # Only a job still running waits for the workers (and needs their queues' names).
         waiting = no_worker_notice(db) if view["finished_at"] is None else None
-        console.print(steps_table(view, plain=not console.is_terminal, stalled=bool(waiting)))
-        if waiting:
-            console.print(f"[yellow]{escape(waiting)}[/]", highlight=False)
+        note = "waiting for space" if space else ""
+        plain = not console.is_terminal
+        console.print(steps_table(view, plain=plain, stalled=bool(waiting), note=note))
+        for line in (waiting, space and space_line(space)):
+            if line:
+                console.print(f"[yellow]{escape(line)}[/]", highlight=False)
         if routes := route_lines(view):
             console.print(escape(routes), highlight=False)
         console.print(f"branch: {view['branch'] or 'none'}")
@@ -98,17 +103,25 @@ def list_(
     """List recent jobs, newest first."""
 
     def work() -> None:
+        from merlin_flow.jobs.space import list_waiting
         from merlin_flow.jobs.views import list_jobs
 
         statuses = job_statuses(status or [])
-        _, db = state()
-        jobs = list_jobs(db, limit, statuses)
+        settings, db = state()
+        jobs, full = list_waiting(db, settings, list_jobs(db, limit, statuses))
         if as_json:
             console.print_json(json.dumps(jobs))
-        else:
-            from merlin_flow.cli.render import jobs_table
+            return
+        from merlin_flow.cli.render import jobs_table
 
-            console.print(jobs_table(jobs))
+        console.print(jobs_table(jobs, [job["id"] for job in jobs if job["waiting_for_space"]]))
+        if full is not None:
+            console.print(
+                f"[yellow]the disk of MERLIN_HOME ({escape(str(settings.home_dir))}) is full: "
+                f"{full:.0f} MB free, {settings.min_free_mb:g} MB needed (MERLIN_MIN_FREE_MB); "
+                "jobs wait for space and go on by themselves once it is freed[/]",
+                highlight=False,
+            )
 
     guarded(work)
 

@@ -33,8 +33,23 @@ def worker(
             "jobs that ask for the sandbox then fail on this worker, with the reason.",
         ),
     ] = "bwrap",
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-grace",
+            envvar="MERLIN_SHUTDOWN_GRACE",
+            min=0,
+            metavar="SECONDS",
+            help="On SIGTERM, how long running tasks may go on; then they are stopped and "
+            "their steps handed back to the queue, for another worker to resume.",
+        ),
+    ] = 5.0,
 ) -> None:
-    """Run a Celery worker for merlin's queues."""
+    """Run a Celery worker for merlin's queues.
+
+    SIGTERM (or Ctrl-C) stops it: no new task is taken, the running ones get
+    --shutdown-grace seconds to end, then each is stopped and its step handed back.
+    """
     import uuid
 
     from merlin_flow.workspace.sandbox import sandbox_problem
@@ -69,7 +84,14 @@ def worker(
         argv.append(f"--concurrency={concurrency}")
     if celery_app.conf.broker_url.startswith("sqla+"):
         declare_queues(celery_app)  # two workers starting at once must not race for them
+    celery_app.conf.merlin_shutdown_grace = shutdown_grace  # read by workers.roles
     celery_app.worker_main(argv)
+    from workers.roles import worker_exit_code
+    from workers.shutdown import exit_at_once
+
+    code = worker_exit_code()
+    if code is not None:  # Celery's shutdown is over: the interpreter's is skipped
+        exit_at_once(code)
 
 
 def worker_name(queues: str, suffix: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -95,20 +95,24 @@ def _attempts_cell(attempts: list[AttemptView], stalled: bool = False) -> Text:
     return text
 
 
-def steps_table(view: JobView, plain: bool = False, stalled: bool = False) -> RenderableType:
+def steps_table(
+    view: JobView, plain: bool = False, stalled: bool = False, note: str = ""
+) -> RenderableType:
     """The steps table, and the output of the exit commands that failed last.
 
     ``plain``: one line per step instead of a table, for CI logs and pipes.
     ``stalled``: no worker is alive, so an open attempt is waiting, not working.
+    ``note``: words after the job's status (``waiting for space``).
     """
-    steps = steps_lines(view, stalled) if plain else _steps_table(view, stalled)
+    steps = steps_lines(view, stalled, note) if plain else _steps_table(view, stalled, note)
     notes = failure_notes(view)
     return Group(steps, notes) if notes.plain else steps
 
 
-def steps_lines(view: JobView, stalled: bool = False) -> Text:
+def steps_lines(view: JobView, stalled: bool = False, note: str = "") -> Text:
     """The steps table as plain lines: the job, then ``step · type · status · ...`` per step."""
-    lines = [f"job {view['id']} · {view['title']} · {view['status']} · {money(view)}"]
+    status = f"{view['status']} · {note}" if note else view["status"]
+    lines = [f"job {view['id']} · {view['title']} · {status} · {money(view)}"]
     for step in view["steps"]:
         attempts = _attempts_cell(step["attempts"], stalled).plain or "no attempt yet"
         if not step["attempts"] and step["status"] == StepStatus.SKIPPED:
@@ -166,12 +170,13 @@ def failure_notes(view: JobView) -> Text:
     return text
 
 
-def _steps_table(view: JobView, stalled: bool = False) -> Table:
+def _steps_table(view: JobView, stalled: bool = False, note: str = "") -> Table:
     """One row per step: status, current tier, attempts with their tiers and exit codes."""
     status = view["status"]
+    noted = f" · [yellow]{note}[/]" if note else ""
     title = (
         f"job {view['id']} · {view['title']} · "
-        f"[{STATUS_STYLE.get(status, '')}]{status}[/] · {money(view)}"
+        f"[{STATUS_STYLE.get(status, '')}]{status}[/]{noted} · {money(view)}"
     )
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("step")
@@ -239,15 +244,18 @@ def _utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def jobs_table(jobs: list[JobListEntry]) -> Table:
-    """One row per job, newest first."""
+def jobs_table(jobs: Sequence[JobListEntry], waiting: Collection[str] = ()) -> Table:
+    """One row per job, newest first; those of ``waiting`` marked as waiting for space."""
     table = Table(title="jobs", title_justify="left")
     for column in ("id", "status", "title", "repo", "created"):
         table.add_column(column)
     for job in jobs:
+        status = Text(job["status"], style=STATUS_STYLE.get(job["status"], ""))
+        if job["id"] in waiting:
+            status.append(" · waiting for space", style="yellow")
         table.add_row(
             job["id"],
-            Text(job["status"], style=STATUS_STYLE.get(job["status"], "")),
+            status,
             job["title"],
             job["repo"],
             job["created_at"] or "",

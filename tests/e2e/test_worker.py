@@ -4,6 +4,9 @@ defaults and on Redis + Postgres."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ from typing import Any
 import pytest
 
 from merlin_flow.jobs.views import job_view
+from merlin_flow.store import open_database
 from tests.conftest import git
 from tests.e2e.conftest import Backend
 from tests.e2e.helpers import (
@@ -242,3 +246,78 @@ def test_two_workers_on_different_queues_and_folders(
     assert "merlin.verify[" not in llm_log
     assert verify_log.count("merlin.verify[") >= 3
     assert "merlin.step[" not in verify_log
+
+
+SLEEP = 17.5
+"""Seconds of the command step 'slow' runs first: far longer than a bounded shutdown."""
+SLOW_ALONE = """\
+title: One slow step
+steps:
+  - id: slow
+    step_type: Feature
+    description: add double(x) with a test
+    exit_command: python -m pytest -q test_double.py
+"""
+
+
+def _commands_left() -> str:
+    return subprocess.run(
+        ["pgrep", "-f", f"sleep {SLEEP:g}"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_sigterm_hands_a_running_step_back_instead_of_waiting_for_it(
+    tmp_path: Path, py_repo: Path, pool: str
+) -> None:
+    """Issue 45: SIGTERM waited for the running step (a 40 s command: 42 s to exit).
+
+    Now the step gets --shutdown-grace seconds, then its process (or, with threads, the
+    worker) is stopped and the step handed back with no loss counted; another worker
+    resumes the same attempt, replaying its paid model call, and the job completes.
+    """
+    home = tmp_path / "home"
+    env = merlin_env(home)
+    tasklist, config = write_job_files(
+        tmp_path / "job", tasklist=SLOW_ALONE, sleep_seconds=SLEEP, lease_seconds=30
+    )
+    log = tmp_path / "worker.log"
+    first = start_worker(env, log, "--pool", pool, "--shutdown-grace", "1")
+    second = None
+    job_id = _submit(env, tasklist, py_repo, config)
+    db = open_database(f"sqlite:///{home / 'merlin.db'}")
+    try:
+        wait_for(
+            lambda: ("slow", 1, "running", 1) in _attempt_rows(db, job_id) and _commands_left(),
+            90,
+            "step 'slow' to run its command",
+        )
+        started = time.monotonic()
+        os.kill(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)
+        took = time.monotonic() - started
+        assert first.returncode == 0, log.read_text()[-3000:]
+        assert took < SLEEP - 5, f"{took:.1f} s from SIGTERM to exit"
+        assert _commands_left() == ""  # the command died with its task
+        view = job_view(db, job_id)
+        assert view["status"] == "running"
+        assert (view["steps"][0]["recoveries"], view["steps"][0]["status"]) == (0, "InProgress")
+        assert "steps handed back to the queue: " + f"{job_id} slow" in log.read_text()
+
+        second = start_worker(env, log)
+        wait_for(lambda: job_view(db, job_id)["finished_at"], 120, "the job to finish")
+        view = job_view(db, job_id)
+        assert view["status"] == "completed", log.read_text()[-4000:]
+        # The same attempt, resumed once: nothing counted against the step, nor paid twice.
+        assert _attempt_rows(db, job_id) == [("slow", 1, "passed", 2)]
+        assert view["steps"][0]["recoveries"] == 0
+        calls = _journal(db, job_id)
+        assert ("slow", 1, 0, False) in calls  # run 1 paid for turn 0 ...
+        assert ("slow", 2, 0, True) in calls  # ... run 2 replayed it
+        paid = [(key, turn) for key, _run, turn, replayed in calls if not replayed]
+        assert len(paid) == len(set(paid))
+    finally:
+        kill_worker(first)
+        if second is not None:
+            stop_worker(second)
+        db.dispose()
