@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from sqlalchemy import select
@@ -18,6 +17,7 @@ from merlin_flow.tasklist import parse_tasklist
 from merlin_flow.workspace.staging import NESTED_REMOVED
 from tests.conftest import git, require_bwrap
 from tests.unit.scripted_jobs import ONE_STEP
+from tests.unit.workspace.test_staging import objects_holding
 
 NESTED = """\
 rules:
@@ -88,11 +88,5 @@ rules:
     execute_step(db, settings, job_id, "s0", "w:1")
     with db.reader() as session:
         assert "AWS Access Key" in (session.scalars(select(Attempt)).one().error or "")
-    objects = subprocess.run(
-        ["git", "cat-file", "--batch-all-objects", "--batch"],
-        cwd=py_repo,
-        capture_output=True,
-        check=True,
-    ).stdout
-    assert secret.encode() not in objects
+    assert objects_holding(py_repo, secret) == []
     assert not list(settings.worktrees_dir.rglob("*quarantine*"))

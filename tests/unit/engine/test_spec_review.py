@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import select
 
@@ -60,12 +61,14 @@ def _job(
     specs: Specs,
     spec_check: bool = False,
     checker: str = CHECKER,
+    agent: str = AGENT,
+    steps: list[dict[str, Any]] | None = None,
 ) -> str:
     repo = make_repo(
         tmp_path / "repo",
         {"app.py": "def answer():\n    return 41\n", "specs/answer.md": SPEC},
     )
-    (tmp_path / "agent.yaml").write_text(AGENT)
+    (tmp_path / "agent.yaml").write_text(agent)
     (tmp_path / "checker.yaml").write_text(checker)
     config = MerlinConfig(
         tiers=[
@@ -74,10 +77,11 @@ def _job(
         ],
         exit_commands={"Debug": "true"},
         specs=specs,
+        limits=Limits(fix_attempts=0) if steps else Limits(),
     )
     step = {"id": "s0", "step_type": "Debug", "description": "make answer return 42"}
-    tasklist = parse_tasklist({"title": "t", "steps": [{**step, "spec_check": spec_check}]})
-    return create_job(db, settings, tasklist, repo, config)
+    steps = steps or [{**step, "spec_check": spec_check}]
+    return create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), repo, config)
 
 
 def _run(db: Database, settings: Settings, job_id: str) -> list[Outcome]:
@@ -227,25 +231,12 @@ rules:
           arguments: {path: app.py, old: "return 41", new: "return -42"}
   - reply: {content: done}
 """
-    repo = make_repo(
-        tmp_path / "repo", {"app.py": "def answer():\n    return 41\n", "specs/answer.md": SPEC}
-    )
-    (tmp_path / "agent.yaml").write_text(agent)
-    (tmp_path / "checker.yaml").write_text(CHECKER)
-    config = MerlinConfig(
-        tiers=[
-            Tier(name="local", model=f"scripted/{tmp_path / 'agent.yaml'}"),
-            Tier(name="checker", model=f"scripted/{tmp_path / 'checker.yaml'}"),
-        ],
-        exit_commands={"Debug": "true"},
-        specs=Specs(check="enforce", check_tier="checker"),
-        limits=Limits(fix_attempts=0),
-    )
     steps = [
         {"id": "weaken", "step_type": "Debug", "description": "tidy the answer spec"},
         {"id": "break", "step_type": "Debug", "description": "answer", "depends_on": ["weaken"]},
     ]
-    job_id = create_job(db, settings, parse_tasklist({"title": "t", "steps": steps}), repo, config)
+    specs = Specs(check="enforce", check_tier="checker")
+    job_id = _job(db, settings, tmp_path, specs, agent=agent, steps=steps)
     for key in ("weaken", "break"):
         execute_step(db, settings, job_id, key, f"{key}:a")
         verify_step(db, settings, job_id, key, f"{key}:b")

@@ -34,7 +34,7 @@ def _files(repo: Path, commit: str) -> dict[str, str]:
     return {line.split("\t")[1]: line.split()[0] for line in listing.splitlines()}
 
 
-def _objects_holding(repo: Path, text: str) -> list[str]:
+def objects_holding(repo: Path, text: str) -> list[str]:
     """The objects of ``repo``'s store (and every alternate) whose content holds ``text``."""
     out = subprocess.run(
         ["git", "cat-file", "--batch-all-objects", "--batch"],
@@ -126,13 +126,13 @@ def test_a_refused_secret_is_in_no_object_store(tmp_path: Path) -> None:
         "new.txt:1: an AWS Access Key",
     ]
     assert staged.tree == git(repo, "rev-parse", f"{start}^{{tree}}")
-    assert _objects_holding(repo, OPENAI) == []
-    assert _objects_holding(repo, AWS) == []
+    assert objects_holding(repo, OPENAI) == []
+    assert objects_holding(repo, AWS) == []
     assert not [p for p in worktree.parent.iterdir() if QUARANTINE_PREFIX in p.name]
     # The control: staged as before, the secret's blob lands in the user's repository.
     (worktree / "app.py").write_text(f"KEY = '{OPENAI}'\n")
     git(worktree, "add", "-A")
-    assert _objects_holding(repo, OPENAI) != []
+    assert objects_holding(repo, OPENAI) != []
 
 
 def test_a_hit_discards_every_change_and_keeps_ignored_files(tmp_path: Path) -> None:
@@ -195,7 +195,7 @@ def test_what_is_committed_is_what_was_scanned(
     commit = commit_tree(worktree, staged.tree, start, "m")
     assert git(repo, "show", f"{commit}:app.py") == "a = 10"
     assert "late.txt" not in _files(repo, commit)
-    assert _objects_holding(repo, OPENAI) == []
+    assert objects_holding(repo, OPENAI) == []
 
 
 def test_objects_are_moved_into_the_store_once_and_packs_index_last(tmp_path: Path) -> None:
@@ -234,7 +234,7 @@ def test_the_quarantine_reads_the_repositorys_objects_and_writes_its_own(tmp_pat
         assert any(folder.rglob("*")), "the new blob went to the quarantine"
         assert git(worktree, "diff", "--cached", "--name-only") == ""  # the real index: as it was
     assert not folder.exists()
-    assert _objects_holding(repo, "only in the quarantine") == []
+    assert objects_holding(repo, "only in the quarantine") == []
 
 
 def test_the_quarantines_index_keeps_the_time_of_the_worktrees(tmp_path: Path) -> None:
