@@ -118,7 +118,8 @@ def quarantine(worktree: Path) -> Iterator[dict[str, str]]:
     The index starts as a copy of the worktree's, its time of change included (so
     unchanged files are not hashed again, and git still checks the entries its own
     writing left racily clean: a file changed in the same tick as the index, to the same
-    size, would pass for unchanged against a newer copy); new objects go to the quarantine; the repository's own are read through it.
+    size, would pass for unchanged against a newer copy); new objects go to the
+    quarantine; the repository's own are read through it.
     The folder lies beside the worktree and is removed on leaving. The worktree's own
     index is never written.
     """
